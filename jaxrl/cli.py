@@ -1,0 +1,49 @@
+"""The `precisecoder` console command: a thin dispatcher over subcommands.
+
+Each subcommand lives in the package that owns its logic and exposes
+`add_arguments(parser)` and `main(args) -> int`. Only the chosen subcommand's
+module is imported, so `precisecoder --help` stays instant and `check` never
+imports JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a line here to add a subcommand.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("reward.check_cli", "verify a task set, or run predictions against their tests"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    lines = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items())
+    return argparse.ArgumentParser(
+        prog="precisecoder",
+        description="PreciseCoder-JAX: RL post-training of code models for precise bug fixes.",
+        epilog=f"subcommands:\n{lines}\n\nRun `precisecoder COMMAND --help` for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]) and run the chosen subcommand."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0
+    if argv[0] not in COMMANDS:
+        top.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"precisecoder {name}", description=module.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    return int(module.main(parser.parse_args(rest)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
