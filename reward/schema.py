@@ -1,0 +1,238 @@
+"""Task and prediction records (JSONL) exactly as REWARD_SPEC.md defines them.
+
+Loading validates every field and raises `SchemaError` naming the file, the
+line and the field, so a bad record is fixed at its source instead of
+surfacing later as a wrong reward. `write_tasks` / `write_predictions` write
+records that load back identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any, Union
+
+
+class SchemaError(ValueError):
+    """A record that does not follow the schema; the message says where and why."""
+
+    def __init__(self, path: str | os.PathLike, line: int, message: str):
+        self.path, self.line = str(path), line
+        super().__init__(f"{path}:{line}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AssertTests:
+    """Test code run after the program in the same `__main__` namespace."""
+
+    code: str
+
+
+@dataclasses.dataclass(frozen=True)
+class IOCase:
+    stdin: str
+    stdout: str
+
+
+@dataclasses.dataclass(frozen=True)
+class IOTests:
+    """Stdin/stdout cases; the program runs as a script once per case."""
+
+    cases: tuple[IOCase, ...]
+
+
+Tests = Union[AssertTests, IOTests]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One debugging task (C buggy program, x prompt, T tests, reference fix)."""
+
+    task_id: str
+    base_id: str
+    prompt: str
+    buggy_code: str
+    solution: str
+    tests: Tests
+    epsilon: int | None = None
+    timeout_s: float | None = None
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_clean(self) -> bool:
+        """A clean task shows a correct program (`buggy_code == solution`)."""
+        return self.buggy_code == self.solution
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A model's answer to a task: raw `response` text and/or an extracted `code`."""
+
+    task_id: str
+    response: str | None = None
+    code: str | None = None
+
+
+def tests_to_json(tests: Tests) -> dict[str, Any]:
+    """The JSON object form of a test spec."""
+    if isinstance(tests, AssertTests):
+        return {"kind": "assert", "code": tests.code}
+    return {"kind": "io", "cases": [{"stdin": c.stdin, "stdout": c.stdout} for c in tests.cases]}
+
+
+def tests_from_json(obj: Any) -> Tests:
+    """Parse a test spec object; raises ValueError with the offending field."""
+    if not isinstance(obj, dict):
+        raise ValueError("field 'tests' must be an object")
+    kind = obj.get("kind")
+    if kind == "assert":
+        code = obj.get("code")
+        if not isinstance(code, str):
+            raise ValueError("field 'tests.code' must be a string")
+        return AssertTests(code)
+    if kind == "io":
+        cases = obj.get("cases")
+        if not isinstance(cases, list) or not cases:
+            raise ValueError("field 'tests.cases' must be a non-empty list")
+        parsed = []
+        for i, case in enumerate(cases):
+            if not isinstance(case, dict):
+                raise ValueError(f"field 'tests.cases[{i}]' must be an object")
+            for key in ("stdin", "stdout"):
+                if not isinstance(case.get(key), str):
+                    raise ValueError(f"field 'tests.cases[{i}].{key}' must be a string")
+            parsed.append(IOCase(case["stdin"], case["stdout"]))
+        return IOTests(tuple(parsed))
+    raise ValueError(f"field 'tests.kind' must be 'assert' or 'io', got {kind!r}")
+
+
+_REQUIRED_STR = ("task_id", "base_id", "prompt", "buggy_code", "solution")
+
+
+def task_from_json(obj: Any) -> Task:
+    """Validate one task object; raises ValueError naming the bad field."""
+    if not isinstance(obj, dict):
+        raise ValueError("record must be a JSON object")
+    for key in _REQUIRED_STR:
+        if key not in obj:
+            raise ValueError(f"missing field '{key}'")
+        if not isinstance(obj[key], str):
+            raise ValueError(f"field '{key}' must be a string")
+    if "tests" not in obj:
+        raise ValueError("missing field 'tests'")
+    tests = tests_from_json(obj["tests"])
+    epsilon = obj.get("epsilon")
+    if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, int) or epsilon < 0):
+        raise ValueError("field 'epsilon' must be a non-negative integer")
+    timeout_s = obj.get("timeout_s")
+    if timeout_s is not None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError("field 'timeout_s' must be a positive number")
+        timeout_s = float(timeout_s)
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ValueError("field 'meta' must be an object")
+    return Task(obj["task_id"], obj["base_id"], obj["prompt"], obj["buggy_code"], obj["solution"],
+                tests, epsilon, timeout_s, meta)
+
+
+def task_to_json(task: Task) -> dict[str, Any]:
+    """The JSON object of a task; optional fields are written only when set."""
+    obj: dict[str, Any] = {key: getattr(task, key) for key in _REQUIRED_STR}
+    obj["tests"] = tests_to_json(task.tests)
+    if task.epsilon is not None:
+        obj["epsilon"] = task.epsilon
+    if task.timeout_s is not None:
+        obj["timeout_s"] = task.timeout_s
+    if task.meta:
+        obj["meta"] = task.meta
+    return obj
+
+
+def prediction_from_json(obj: Any) -> Prediction:
+    """Validate one prediction object; raises ValueError naming the bad field."""
+    if not isinstance(obj, dict):
+        raise ValueError("record must be a JSON object")
+    if not isinstance(obj.get("task_id"), str):
+        raise ValueError("missing field 'task_id'" if "task_id" not in obj else "field 'task_id' must be a string")
+    response, code = obj.get("response"), obj.get("code")
+    if response is None and code is None:
+        raise ValueError("a prediction needs a 'response' or a 'code' field")
+    for key, value in (("response", response), ("code", code)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"field '{key}' must be a string")
+    return Prediction(obj["task_id"], response, code)
+
+
+def prediction_to_json(pred: Prediction) -> dict[str, Any]:
+    obj: dict[str, Any] = {"task_id": pred.task_id}
+    if pred.response is not None:
+        obj["response"] = pred.response
+    if pred.code is not None:
+        obj["code"] = pred.code
+    return obj
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, parsed object) for each non-blank line; bad JSON is a SchemaError."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SchemaError(path, lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+
+
+def _load(path: str | os.PathLike, parse) -> list:
+    records = []
+    for lineno, obj in read_jsonl(path):
+        try:
+            records.append(parse(obj))
+        except ValueError as e:
+            raise SchemaError(path, lineno, str(e)) from None
+    return records
+
+
+def load_tasks(path: str | os.PathLike) -> list[Task]:
+    """Load and validate a task JSONL file; task ids must be unique."""
+    tasks = _load(path, task_from_json)
+    seen: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        if task.task_id in seen:
+            raise SchemaError(path, _line_of(path, i), f"duplicate task_id {task.task_id!r}")
+        seen[task.task_id] = i
+    return tasks
+
+
+def _line_of(path: str | os.PathLike, index: int) -> int:
+    """Line number of the index-th record (blank lines skipped), for error messages."""
+    for i, (lineno, _) in enumerate(read_jsonl(path)):
+        if i == index:
+            return lineno
+    return 0
+
+
+def load_predictions(path: str | os.PathLike) -> list[Prediction]:
+    """Load and validate a prediction JSONL file (several per task allowed)."""
+    return _load(path, prediction_from_json)
+
+
+def write_jsonl(path: str | os.PathLike, objects: Iterable[dict[str, Any]]) -> None:
+    """Write objects one per line, atomically (a crash never leaves half a file)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for obj in objects:
+            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_tasks(path: str | os.PathLike, tasks: Iterable[Task]) -> None:
+    write_jsonl(path, (task_to_json(t) for t in tasks))
+
+
+def write_predictions(path: str | os.PathLike, preds: Iterable[Prediction]) -> None:
+    write_jsonl(path, (prediction_to_json(p) for p in preds))
