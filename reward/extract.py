@@ -1,0 +1,78 @@
+"""The program inside a model response (REWARD_SPEC.md, "Extracting the program").
+
+The answer is the text after the last `</think>`; a response that opens a think
+block and never closes it has no answer. Fenced blocks follow CommonMark: an
+opening fence is 3+ backticks or tildes indented by at most 3 spaces (a
+backtick fence's info string may not contain a backtick); the closing fence is
+the same character, at least as long, indented by at most 3 spaces, with only
+whitespace after it. An unclosed fence is not a block and ends the parse.
+
+Choices the spec leaves open: `\\r\\n` and lone `\\r` count as line ends (as in
+CommonMark); only spaces count as fence indentation (a tab indents 4 columns,
+so a tab-indented fence is not a fence); blocks nested in lists or block quotes
+are not looked for; a closed block with no content lines yields the empty program.
+"""
+
+from __future__ import annotations
+
+import re
+
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+_PYTHON_INFO = frozenset({"python", "python3", "py"})
+_FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
+
+
+def answer_text(response: str) -> str | None:
+    """The part of a response after its thinking, or None if the think block never closes."""
+    if _THINK_CLOSE in response:
+        return response.rsplit(_THINK_CLOSE, 1)[1]
+    if response.lstrip().startswith(_THINK_OPEN):
+        return None
+    return response
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """The closed fenced code blocks of a Markdown text as (info string, content), in order."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    blocks: list[tuple[str, str]] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening or (opening[2][0] == "`" and "`" in opening[3]):
+            i += 1
+            continue
+        indent, fence, info = len(opening[1]), opening[2], opening[3].strip()
+        closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        end = next((j for j in range(i + 1, len(lines)) if closing.match(lines[j])), None)
+        if end is None:
+            break
+        content = [_dedent(line, indent) for line in lines[i + 1:end]]
+        blocks.append((info, "\n".join(content)))
+        i = end + 1
+    return blocks
+
+
+def _dedent(line: str, indent: int) -> str:
+    """Remove up to `indent` leading spaces."""
+    spaces = len(line) - len(line.lstrip(" "))
+    return line[min(spaces, indent):]
+
+
+def _language(info: str) -> str:
+    """The first word of an info string, lower-cased ("" when empty)."""
+    words = info.split(maxsplit=1)
+    return words[0].lower() if words else ""
+
+
+def extract_program(response: str) -> str | None:
+    """The program of a response: its last python block, else its last unlabelled block, else None."""
+    answer = answer_text(response)
+    if answer is None:
+        return None
+    blocks = fenced_blocks(answer)
+    python = [content for info, content in blocks if _language(info) in _PYTHON_INFO]
+    if python:
+        return python[-1]
+    bare = [content for info, content in blocks if not info]
+    return bare[-1] if bare else None
