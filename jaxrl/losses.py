@@ -42,14 +42,15 @@ def logprobs_from_logits(
 
 def chunked_logprobs(
     hidden_BxTxH: jax.Array,
-    lm_head_HxV: jax.Array,
+    lm_head_VxH: jax.Array,
     tokens_BxT: jax.Array,
     chunk_size: int = 512,
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Token log-probs and entropies from final hidden states, a chunk of positions at a time.
 
-    Same equation as `logprobs_from_logits` with z_t = h_t · W. Logits exist for only
+    Same equation as `logprobs_from_logits` with z_t = W h_t, W of shape [V, H] (HF's
+    `lm_head.weight`, or the tied embedding). Logits exist for only
     `chunk_size` positions at once (a scan whose body is rematerialized in the backward
     pass), so memory is O(B · chunk_size · V), not O(B · T · V): the point for a
     248k-token vocabulary. The entropy carries no gradient (it is a metric).
@@ -68,7 +69,7 @@ def chunked_logprobs(
 
     @jax.checkpoint
     def chunk(h_BxCxH, tgt_BxC):
-        z_BxCxV = jnp.einsum("bch,hv->bcv", h_BxCxH, lm_head_HxV,
+        z_BxCxV = jnp.einsum("bch,vh->bcv", h_BxCxH, lm_head_VxH,
                              preferred_element_type=jnp.float32) / temperature
         lse_BxC = jax.nn.logsumexp(z_BxCxV, axis=-1)
         logp_BxC = jnp.take_along_axis(z_BxCxV, tgt_BxC[..., None], axis=-1)[..., 0] - lse_BxC

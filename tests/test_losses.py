@@ -9,7 +9,7 @@ from jaxrl import losses as L
 
 
 def _np_logprobs(hidden, w, tokens, temperature=1.0):
-    z = (hidden.astype(np.float64) @ w.astype(np.float64)) / temperature
+    z = (hidden.astype(np.float64) @ w.astype(np.float64).T) / temperature
     z = z - z.max(-1, keepdims=True)
     logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
     b, t = tokens.shape
@@ -26,7 +26,7 @@ def _np_logprobs(hidden, w, tokens, temperature=1.0):
 def _inputs(seed=0, b=2, t=11, h=8, v=37):
     rng = np.random.default_rng(seed)
     hidden = rng.normal(size=(b, t, h)).astype(np.float32)
-    w = rng.normal(size=(h, v)).astype(np.float32)
+    w = rng.normal(size=(v, h)).astype(np.float32)
     tokens = rng.integers(0, v, size=(b, t))
     return hidden, w, tokens
 
@@ -40,7 +40,7 @@ def test_chunked_logprobs_match_numpy(chunk, temperature):
     want_logp, want_ent = _np_logprobs(hidden, w, tokens, temperature)
     np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, want_ent, rtol=1e-5, atol=1e-5)
-    ref_logp, ref_ent = L.logprobs_from_logits(jnp.asarray(hidden @ w), jnp.asarray(tokens), temperature)
+    ref_logp, ref_ent = L.logprobs_from_logits(jnp.asarray(hidden @ w.T), jnp.asarray(tokens), temperature)
     np.testing.assert_allclose(ref_logp, want_logp, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ref_ent, want_ent, rtol=1e-5, atol=1e-5)
 
@@ -53,7 +53,7 @@ def test_chunked_logprobs_gradient_matches_unchunked():
         return (L.chunked_logprobs(hh, ww, jnp.asarray(tokens), chunk_size=4)[0] * mask).sum()
 
     def f_full(hh, ww):
-        return (L.logprobs_from_logits(hh @ ww, jnp.asarray(tokens))[0] * mask).sum()
+        return (L.logprobs_from_logits(hh @ ww.T, jnp.asarray(tokens))[0] * mask).sum()
 
     g1 = jax.grad(f_chunked, argnums=(0, 1))(jnp.asarray(hidden), jnp.asarray(w))
     g2 = jax.grad(f_full, argnums=(0, 1))(jnp.asarray(hidden), jnp.asarray(w))
@@ -69,13 +69,13 @@ def test_chunked_logprobs_never_materialize_full_logits():
     def loss(hh, ww, tok):
         return L.chunked_logprobs(hh, ww, tok, chunk_size=chunk)[0].sum()
 
-    args = (jax.ShapeDtypeStruct((b, t, h), jnp.float32), jax.ShapeDtypeStruct((h, v), jnp.float32),
+    args = (jax.ShapeDtypeStruct((b, t, h), jnp.float32), jax.ShapeDtypeStruct((v, h), jnp.float32),
             jax.ShapeDtypeStruct((b, t), jnp.int32))
     chunked = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile().memory_analysis()
     assert chunked.temp_size_in_bytes < full_bytes / 4, chunked.temp_size_in_bytes
 
     def loss_full(hh, ww, tok):
-        return L.logprobs_from_logits(hh @ ww, tok)[0].sum()
+        return L.logprobs_from_logits(hh @ ww.T, tok)[0].sum()
 
     full = jax.jit(jax.grad(loss_full, argnums=(0, 1))).lower(*args).compile().memory_analysis()
     assert full.temp_size_in_bytes >= full_bytes  # the check above can tell the difference
