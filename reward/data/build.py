@@ -1,0 +1,346 @@
+"""Verified debugging task sets, built the way PDB builds its single- and multi-fault tasks.
+
+Phases, each one batch of sandbox runs:
+
+1. solutions: a problem whose reference program fails its tests is dropped.
+2. single faults: every one-line mutant (`reward.data.mutations`, at most
+   `max_per_operator` per operator and problem, drawn with the seed) is kept
+   iff it fails its tests within 2 s without timing out, and
+   diff(buggy, solution) is exactly one block of one line.
+3. composites, built from the kept single faults of one program:
+   - multi-fault: 2 to 4 faults with at least 2 unchanged non-blank lines
+     between any two; kept iff it fails, diff(buggy, solution) has exactly k
+     one-line blocks, and every proper subset of its faults applied alone fails;
+   - multi-line: 2 to 4 faults on contiguous lines, or a run of statements
+     moved across a loop boundary; kept iff diff(buggy, solution) is one block
+     of that many lines and it is atomic (every partial revert fails).
+   A run that times out, runs out of memory or is killed never counts as a failure.
+4. splits by base problem (80/10/10 within each source, shuffled with the
+   seed); `gt_debug` holds the held-out problems (val and test) as clean tasks.
+
+No buggy program appears twice. Everything but the sandbox verdicts is a pure
+function of the problems and the seed, so the same seed and verdicts give
+byte-identical files; the fleet's on-disk cache makes a rerun replay the verdicts.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.metadata
+import itertools
+import json
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from reward.data.mutations import Mutant, apply_edits, block_shift_mutants, single_line_mutants
+from reward.data.sources import Problem
+from reward.diff import diff
+from reward.sandbox import Job, Limits, RunResult
+from reward.schema import Task, write_tasks
+
+Runner = Callable[[Sequence[Job], str], list[RunResult]]
+"""Runs a batch of jobs (the string labels the phase's progress bar) and returns results in order."""
+
+SCREEN_LIMITS = Limits(timeout_s=2.0)
+SOLUTION_LIMITS = Limits()
+FAILING = ("fail", "error")
+SPLITS = ("train", "val", "test")
+SINGLE, MULTI, MULTI_LINE = "single", "multi", "multi_line"
+MIN_GAP = 3  # faults of a multi-fault task lie >= 3 non-blank lines apart (2 unchanged between)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """How many candidates to draw; the seed fixes every draw and the splits.
+
+    Attributes:
+        seed: seeds mutant sampling, composition and splits.
+        max_per_operator: single-fault candidates per operator and problem.
+        multi_per_k: multi-fault candidates per problem and fault count k in 2..4.
+        multi_line_per_problem: multi-line candidates per problem.
+        val_fraction: share of each source's base problems in val (test gets the same).
+    """
+
+    seed: int = 0
+    max_per_operator: int = 4
+    multi_per_k: int = 2
+    multi_line_per_problem: int = 2
+    val_fraction: float = 0.1
+
+    def __post_init__(self):
+        for name in ("max_per_operator", "multi_per_k", "multi_line_per_problem"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.val_fraction < 0.5:
+            raise ValueError(f"val_fraction must be in [0, 0.5), got {self.val_fraction}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A candidate buggy program: faults (parts) planted in one problem's solution."""
+
+    problem: Problem
+    kind: str
+    parts: tuple[Mutant, ...]
+
+    @property
+    def program(self) -> str:
+        return _program(self.problem, self.parts)
+
+
+def _program(problem: Problem, parts: Iterable[Mutant]) -> str:
+    return apply_edits(problem.solution, [e for m in parts for e in m.edits])
+
+
+def _rng(seed: int, *names: str) -> random.Random:
+    return random.Random(":".join([str(seed), *names]))
+
+
+def sample_singles(problem: Problem, cfg: BuildConfig) -> list[Candidate]:
+    """Single-fault candidates: at most `max_per_operator` per operator, drawn with the seed."""
+    by_operator: dict[str, list[Mutant]] = collections.defaultdict(list)
+    for mutant in single_line_mutants(problem.solution, problem.frozen_lines, f"{cfg.seed}:{problem.base_id}"):
+        by_operator[mutant.operator].append(mutant)
+    chosen = []
+    for operator, mutants in by_operator.items():
+        if len(mutants) > cfg.max_per_operator:
+            picked = set(_rng(cfg.seed, problem.base_id, operator).sample(range(len(mutants)), cfg.max_per_operator))
+            mutants = [m for i, m in enumerate(mutants) if i in picked]
+        chosen += [Candidate(problem, SINGLE, (m,)) for m in mutants]
+    return chosen
+
+
+def _ranks(program: str) -> dict[int, int]:
+    """0-based line index -> its index among the non-blank lines."""
+    nonblank = [i for i, line in enumerate(program.split("\n")) if line.strip()]
+    return {line: rank for rank, line in enumerate(nonblank)}
+
+
+def _by_line(singles: Sequence[Mutant]) -> dict[int, list[Mutant]]:
+    lines: dict[int, list[Mutant]] = collections.defaultdict(list)
+    for m in singles:
+        lines[m.edits[0].line].append(m)
+    return dict(sorted(lines.items()))
+
+
+def sample_multi(problem: Problem, singles: Sequence[Mutant], cfg: BuildConfig) -> list[Candidate]:
+    """Multi-fault candidates: 2..4 kept single faults on lines >= `MIN_GAP` non-blank lines apart."""
+    ranks, by_line = _ranks(problem.solution), _by_line(singles)
+    out = []
+    for k in (2, 3, 4):
+        rng, seen = _rng(cfg.seed, problem.base_id, f"multi{k}"), set()
+        if len(by_line) < k:
+            continue
+        for _ in range(20 * cfg.multi_per_k):
+            lines = sorted(rng.sample(list(by_line), k))
+            if any(ranks[b] - ranks[a] < MIN_GAP for a, b in zip(lines, lines[1:])):
+                continue
+            parts = tuple(rng.choice(by_line[line]) for line in lines)
+            if parts not in seen:
+                seen.add(parts)
+                out.append(Candidate(problem, MULTI, parts))
+                if len(seen) == cfg.multi_per_k:
+                    break
+    return out
+
+
+def sample_multi_line(problem: Problem, singles: Sequence[Mutant], cfg: BuildConfig) -> list[Candidate]:
+    """Multi-line candidates: kept faults on 2..4 contiguous non-blank lines, and loop block shifts."""
+    ranks, by_line = _ranks(problem.solution), _by_line(singles)
+    rng = _rng(cfg.seed, problem.base_id, "multi_line")
+    windows = []
+    for n in (2, 3, 4):
+        for start in range(len(by_line)):
+            lines = list(by_line)[start:start + n]
+            if len(lines) == n and ranks[lines[-1]] - ranks[lines[0]] == n - 1:
+                windows.append(lines)
+    picked = sorted(rng.sample(range(len(windows)), min(cfg.multi_line_per_problem, len(windows))))
+    out = [Candidate(problem, MULTI_LINE, tuple(rng.choice(by_line[line]) for line in windows[i])) for i in picked]
+    for shift in block_shift_mutants(problem.solution, problem.frozen_lines):
+        parts = tuple(dataclasses.replace(shift, edits=(edit,)) for edit in shift.edits)
+        out.append(Candidate(problem, MULTI_LINE, parts))
+    return out
+
+
+def _shape_ok(candidate: Candidate, buggy: str) -> bool:
+    """The diff rule of its kind: k one-line blocks (one per fault), or one block of all its lines."""
+    blocks = diff(buggy, candidate.problem.solution)
+    if candidate.kind == MULTI_LINE:
+        return len(blocks) == 1 and len(blocks[0]) == len(candidate.parts)
+    return len(blocks) == len(candidate.parts) and all(len(b) == 1 for b in blocks)
+
+
+def _subsets(parts: tuple[Mutant, ...]) -> list[tuple[Mutant, ...]]:
+    """Every non-empty proper subset of the parts."""
+    return [c for r in range(1, len(parts)) for c in itertools.combinations(parts, r)]
+
+
+def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: str,
+           stats: dict[str, int]) -> list[tuple[Candidate, str]]:
+    """Kept (candidate, buggy program) pairs, in order; `seen` (buggy programs) grows as they are kept.
+
+    One batch runs every candidate and every proper subset of its parts;
+    `stats` counts the candidates and why each rejected one was.
+    """
+    unique: dict[tuple[str, str], Job] = {}
+    for c in candidates:
+        for parts in [c.parts, *_subsets(c.parts)]:
+            program = _program(c.problem, parts)
+            unique.setdefault((c.problem.base_id, program), Job(program, c.problem.tests, SCREEN_LIMITS))
+    verdict = dict(zip(unique, run(list(unique.values()), phase)))
+    kept = []
+    for c in candidates:
+        stats["candidates"] += 1
+        buggy = c.program
+        result = verdict[c.problem.base_id, buggy]
+        if result.passed:
+            reason = "still_passes"
+        elif result.status not in FAILING:
+            reason = result.status
+        elif buggy in seen:
+            reason = "duplicate"
+        elif not _shape_ok(c, buggy):
+            reason = "diff_shape"
+        elif any(verdict[c.problem.base_id, _program(c.problem, s)].status not in FAILING
+                 for s in _subsets(c.parts)):
+            reason = "fault_not_needed"
+        else:
+            seen.add(buggy)
+            kept.append((c, buggy))
+            stats["kept"] += 1
+            continue
+        stats[reason] += 1
+    return kept
+
+
+def split_of(problems: Sequence[Problem], cfg: BuildConfig) -> dict[str, str]:
+    """base_id -> split: within each source, base problems shuffled with the seed, val and test from the front."""
+    by_source: dict[str, list[str]] = collections.defaultdict(list)
+    for p in problems:
+        if p.base_id not in by_source[p.source]:
+            by_source[p.source].append(p.base_id)
+    splits = {}
+    for source, ids in by_source.items():
+        ids = sorted(ids)
+        _rng(cfg.seed, "split", source).shuffle(ids)
+        n_held = round(cfg.val_fraction * len(ids))
+        for i, base_id in enumerate(ids):
+            splits[base_id] = "val" if i < n_held else "test" if i < 2 * n_held else "train"
+    return splits
+
+
+def _spans(buggy: str, solution: str) -> list[list[float]]:
+    """Spans of the reference blocks in the buggy program (REWARD_SPEC positions, 1-based)."""
+    return [[int(x) if x == int(x) else x for x in b.span] for b in diff(buggy, solution)]
+
+
+def to_task(candidate: Candidate, buggy: str, number: int) -> Task:
+    """The task of a kept candidate; `meta` records how it was made."""
+    p = candidate.problem
+    spans = _spans(buggy, p.solution)
+    meta = {"source": p.source, "kind": candidate.kind, "faults": len(spans),
+            "operators": [m.operator for m in candidate.parts],
+            "categories": [m.category for m in candidate.parts], "bug_lines": spans}
+    return Task(f"{p.base_id}#b{number}", p.base_id, p.prompt, buggy, p.solution, p.tests, meta=meta)
+
+
+def clean_task(problem: Problem, split: str) -> Task:
+    """A correct program shown as is (buggy_code == solution), for GT Debug."""
+    meta = {"source": problem.source, "kind": "clean", "faults": 0, "split": split}
+    return Task(f"{problem.base_id}#clean", problem.base_id, problem.prompt, problem.solution,
+                problem.solution, problem.tests, meta=meta)
+
+
+@dataclasses.dataclass
+class BuildResult:
+    """Tasks per output file and the manifest."""
+
+    files: dict[str, list[Task]]
+    manifest: dict[str, Any]
+
+
+def _counts(tasks: Sequence[Task]) -> dict[str, dict[str, int]]:
+    counts: dict[str, collections.Counter] = {k: collections.Counter() for k in
+                                              ("source", "kind", "faults", "operator", "category")}
+    for t in tasks:
+        for key in ("source", "kind", "faults"):
+            counts[key][str(t.meta[key])] += 1
+        counts["operator"].update(t.meta["operators"])
+        counts["category"].update(t.meta["categories"])
+    return {k: dict(sorted(c.items())) for k, c in counts.items()}
+
+
+def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConfig(),
+          progress: bool = False) -> BuildResult:
+    """Build train/val/test/gt_debug task lists from correct programs with tests.
+
+    Args:
+        problems: the sources' problems (ids unique).
+        run: the sandbox runner (production: the fleet).
+        cfg: sampling sizes and the seed.
+        progress: show progress bars for mutant generation.
+    """
+    # solutions
+    results = run([Job(p.solution, p.tests, SOLUTION_LIMITS) for p in problems], "solutions")
+    good = [p for p, r in zip(problems, results) if r.passed]
+    dropped = [p.base_id for p, r in zip(problems, results) if not r.passed]
+
+    # single faults
+    stats: dict[str, collections.Counter] = {k: collections.Counter() for k in (SINGLE, MULTI, MULTI_LINE)}
+    seen = {p.solution for p in good}
+    singles = [c for p in tqdm(good, desc="mutants", disable=not progress, leave=False)
+               for c in sample_singles(p, cfg)]
+    kept = screen(singles, run, seen, "single faults", stats[SINGLE])
+
+    # composites
+    kept_by_problem: dict[str, list[Mutant]] = collections.defaultdict(list)
+    for c, _ in kept:
+        kept_by_problem[c.problem.base_id].append(c.parts[0])
+    multi, multi_line = [], []
+    for p in tqdm(good, desc="composites", disable=not progress, leave=False):
+        multi += sample_multi(p, kept_by_problem[p.base_id], cfg)
+        multi_line += sample_multi_line(p, kept_by_problem[p.base_id], cfg)
+    kept += screen(multi, run, seen, "multi-fault", stats[MULTI])
+    kept += screen(multi_line, run, seen, "multi-line", stats[MULTI_LINE])
+
+    # tasks and splits
+    splits = split_of(good, cfg)
+    order = {p.base_id: i for i, p in enumerate(good)}
+    kept.sort(key=lambda item: order[item[0].problem.base_id])  # stable: singles, multi, multi-line
+    files: dict[str, list[Task]] = {name: [] for name in (*SPLITS, "gt_debug")}
+    number: collections.Counter = collections.Counter()
+    for c, buggy in kept:
+        files[splits[c.problem.base_id]].append(to_task(c, buggy, number[c.problem.base_id]))
+        number[c.problem.base_id] += 1
+    files["gt_debug"] = [clean_task(p, splits[p.base_id]) for p in good if splits[p.base_id] != "train"]
+
+    manifest = {
+        "tool": "precisecoder-jax",
+        "version": importlib.metadata.version("precisecoder-jax"),
+        "seed": cfg.seed,
+        "config": dataclasses.asdict(cfg),
+        "screen_timeout_s": SCREEN_LIMITS.timeout_s,
+        "problems": dict(sorted(collections.Counter(p.source for p in problems).items())),
+        "problems_dropped": dropped,
+        "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in SPLITS},
+        "files": {name: len(tasks) for name, tasks in files.items()},
+        "counts": _counts([t for s in SPLITS for t in files[s]]),
+        "by_split": {s: _counts(files[s]) for s in SPLITS},
+        "screening": {kind: dict(sorted(c.items())) for kind, c in stats.items()},
+    }
+    return BuildResult(files, manifest)
+
+
+def write(result: BuildResult, out: str | os.PathLike) -> None:
+    """Write DIR/{train,val,test,gt_debug}.jsonl and DIR/manifest.json."""
+    os.makedirs(out, exist_ok=True)
+    for name, tasks in result.files.items():
+        write_tasks(os.path.join(out, f"{name}.jsonl"), tasks)
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(result.manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
