@@ -1,0 +1,393 @@
+"""The PreciseCoder scorer against worked cases derived by hand from REWARD_SPEC.md.
+
+Every expected number below was computed from the spec on paper; the comment
+above each case gives the derivation. Test runs go through the real sandbox
+fleet (a recording wrapper checks the one-call-per-phase contract).
+"""
+
+import dataclasses
+from fractions import Fraction as F
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reward.diff import diff
+from reward.fleet import Fleet
+from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task
+from reward.score import (Score, aggregate, aligned, analyze, clean_row_terms, components, credit, ea_grpo_rewards,
+                          format_summary, precision_recall_f1, scalar_reward, score_predictions)
+
+MEAN_C = """def mean(xs):
+    n = len(xs) + 1
+    total = sum(xs)
+    return total / n
+
+def double(y):
+    return y * 2
+"""
+MEAN_FIX = MEAN_C.replace("len(xs) + 1", "len(xs)")
+MEAN = Task("mean#1", "mean", "average", MEAN_C, MEAN_FIX,
+            AssertTests("assert mean([1, 2, 3]) == 2\nassert mean([4]) == 4\nassert double(3) == 6\n"))
+
+TRIO_C = """def lo(xs):
+    return max(xs)
+
+def hi(xs):
+    return max(xs)
+
+def total(xs):
+    return sum(xs) - 1
+"""
+TRIO_FIX = TRIO_C.replace("def lo(xs):\n    return max", "def lo(xs):\n    return min").replace(" - 1", "")
+TRIO = Task("trio#2", "trio", "three helpers", TRIO_C, TRIO_FIX,
+            AssertTests("assert lo([3, 1, 2]) == 1\nassert hi([3, 1, 2]) == 3\nassert total([1, 2]) == 3\n"))
+
+FIRST_C = "def first(xs):\n    return xs[0]\n"
+FIRST_FIX = "def first(xs):\n    if not xs:\n        return None\n    return xs[0]\n"
+FIRST = Task("first#1", "first", "first or None", FIRST_C, FIRST_FIX,
+             AssertTests("assert first([]) is None\nassert first([5, 6]) == 5\n"))
+
+CLEAN = Task("mean#clean", "mean", "average", MEAN_FIX, MEAN_FIX, MEAN.tests)
+
+SQUARE_C = "n = int(input())\nprint(n * n + 1)\n"
+SQUARE = Task("square#1", "square", "print n squared", SQUARE_C, SQUARE_C.replace(" + 1", ""),
+              IOTests((IOCase("3\n", "9\n"), IOCase("0\n", "0"))))
+
+TASKS = [MEAN, TRIO, FIRST, CLEAN, SQUARE]
+
+
+def fence(code: str, info: str = "python") -> str:
+    return f"```{info}\n{code}```\n"
+
+
+class Recorder:
+    """Passes jobs to the fleet and remembers every call."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet, self.calls = fleet, []
+
+    def __call__(self, jobs):
+        self.calls.append(list(jobs))
+        return self.fleet.run(jobs)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with Fleet(workers=2) as f:
+        yield f
+
+
+def score_one(fleet, task, code=None, response=None, **kw):
+    [s] = score_predictions([(task, Prediction(task.task_id, response, code))], Recorder(fleet), **kw)
+    return s
+
+
+def r(unit, f1, lam=F(1, 3)):
+    return float((1 - lam) * unit + lam * f1)
+
+
+# name, task, prediction code (or None), response (or None), kwargs, expected fields.
+# For a passing single-fault fix: f1 = 2p/(1+p); reward = 2/3·unit + 1/3·f1.
+CASES = [
+    # Exact fix: ℓ = 1, K verified, cap = 2, no window (min(1, 2) − 1 = 0): credit 1; the
+    # verification program equals P, so one run.
+    ("exact fix", MEAN, MEAN_FIX, None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, edited_lines=1, faults=1, faults_fixed=1, runs=1)),
+    # Fix + unrelated edit at line 7 (3 lines from the fix: unaligned): p = 1/2, r̃ = 1, f1 = 2/3.
+    ("fix plus unrelated edit", MEAN, MEAN_FIX.replace("y * 2", "y + y"), None, {},
+     dict(unit=1, precision=0.5, recall=1, f1=F(2, 3), reward=r(1, F(2, 3)), edited_lines=2, faults_fixed=1,
+          blocks=2, runs=2)),
+    # Fix + harmless edit of line 3 in the same block: windows of 1 = [mod 2] (passes), [mod 3]:
+    # |ess| = 1, credit 1, p = 1/2. Runs: P (= verification) + 2 windows.
+    ("essential subset smaller than block", MEAN, MEAN_FIX.replace("sum(xs)", "sum(xs[:])"), None, {},
+     dict(unit=1, precision=0.5, recall=1, f1=F(2, 3), reward=r(1, F(2, 3)), edited_lines=2, blocks=1, runs=3)),
+    # Comment above the fix: insert at 1.5 + modify 2 in one block; window [modify] passes: p = 1/2.
+    ("fix with a comment above", MEAN, MEAN_FIX.replace("    n = len", "    # drop the + 1\n    n = len"), None, {},
+     dict(unit=1, precision=0.5, recall=1, f1=F(2, 3), reward=r(1, F(2, 3)), edited_lines=2, blocks=1, runs=3)),
+    # Rewrite of mean's body as one line: a block of 3 edits (1 modify, 2 deletes) over lines 2-4;
+    # cap 2, windows of 1: exactly the modify passes alone (it returns early or computes the mean):
+    # credit 1; line 7 rewritten too (unaligned): ℓ = 4, p = 1/4, f1 = 2/5.
+    ("full rewrite that passes", MEAN,
+     "def mean(xs):\n    return sum(xs) / len(xs)\n\ndef double(y):\n    return y + y\n", None, {},
+     dict(unit=1, precision=0.25, recall=1, f1=F(2, 5), reward=r(1, F(2, 5)), edited_lines=4, blocks=2, runs=5)),
+    # Rewrite of lines 2-4 with new names: no window of 1 passes: |ess| = 3, credit = cap = 2,
+    # p = 2/3, f1 = 4/5. Runs: P + 3 windows.
+    ("rewrite, no window passes, eps 1", MEAN,
+     MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                    "    count = len(xs)\n    acc = sum(xs)\n    return acc / count"), None, {},
+     dict(unit=1, precision=F(2, 3), recall=1, f1=F(4, 5), reward=r(1, F(4, 5)), edited_lines=3, runs=4)),
+    # Same with ε = 0: cap 1, no search: credit 1, p = 1/3, f1 = 1/2.
+    ("epsilon 0 caps the credit", MEAN,
+     MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                    "    count = len(xs)\n    acc = sum(xs)\n    return acc / count"), None, {"epsilon": 0},
+     dict(unit=1, precision=F(1, 3), recall=1, f1=F(1, 2), reward=r(1, F(1, 2)), runs=1)),
+    # ε = 5: cap 6, windows of 1 (3) and 2 (2) all fail: |ess| = 3, credit 3, p = 1.
+    ("large epsilon searches longer windows", MEAN,
+     MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                    "    count = len(xs)\n    acc = sum(xs)\n    return acc / count"), None, {"epsilon": 5},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, runs=6)),
+    # Wrong fix on the buggy line: aligned, verification (= P) fails: everything 0.
+    ("wrong fix", MEAN, MEAN_C.replace("len(xs) + 1", "len(xs) - 1"), None, {},
+     dict(unit=0, precision=0, recall=0, f1=0, reward=0, edited_lines=1, faults_fixed=0, runs=1)),
+    # Alternative fix on line 3 (distance 1 from line 2: aligned): total·n/(n−1) makes total/n the mean.
+    ("alternative fix on the adjacent line", MEAN, MEAN_C.replace("sum(xs)\n", "sum(xs) * n / (n - 1)\n"), None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, runs=1)),
+    # Alternative fix on line 4 (distance 2: unaligned): p = r = 0 but unit = 1, so r̃ = 1, f1 = 0.
+    ("alternative fix far away", MEAN, MEAN_C.replace("total / n", "total / (n - 1)"), None, {},
+     dict(unit=1, precision=0, recall=0, f1=0, reward=F(2, 3), faults_fixed=0, runs=1)),
+    # No edit: a valid no-op; the buggy program fails.
+    ("no edit", MEAN, MEAN_C, None, {},
+     dict(valid=True, noop=True, unit=0, precision=0, recall=0, f1=0, reward=0, edited_lines=0, runs=1)),
+    # Only blank lines and trailing whitespace changed: still a no-op.
+    ("whitespace-only change", MEAN, MEAN_C.replace("\n", "   \n\n"), None, {},
+     dict(noop=True, unit=0, precision=0, recall=0, f1=0, edited_lines=0)),
+    # The exact fix with blank lines and trailing whitespace added: scores as the exact fix; the
+    # verification program (built from C) differs from P, so two runs.
+    ("fix with whitespace noise", MEAN, MEAN_FIX.replace("\n", " \t\n\n"), None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, edited_lines=1, runs=2)),
+    # Responses: think block skipped, last python block taken.
+    ("think block then fix", MEAN, None, "<think>\n" + fence(MEAN_C) + "</think>\nFixed:\n" + fence(MEAN_FIX), {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1)),
+    ("several code blocks, last python wins", MEAN, None,
+     fence(MEAN_FIX) + fence("print(1)\n", "bash") + fence(MEAN_C.replace("+ 1", "- 1"), "py") + fence(MEAN_FIX, ""), {},
+     dict(unit=0, precision=0, recall=0, edited_lines=1, reward=0)),
+    ("no code block", MEAN, None, "Change len(xs) + 1 to len(xs).", {},
+     dict(valid=False, unit=0, precision=0, recall=0, f1=0, reward=0, edited_lines=None, noop=False, runs=0)),
+    ("unclosed think", MEAN, None, "<think>\nthe fix is\n" + fence(MEAN_FIX), {},
+     dict(valid=False, unit=0, precision=0, recall=0, f1=0, reward=0, edited_lines=None, noop=False, runs=0)),
+    ("code wins over response", MEAN, MEAN_FIX, "no block here", {}, dict(valid=True, unit=1, reward=1)),
+    # Two faults, both fixed: both verification programs equal the solution = P: one run.
+    ("two faults both fixed", TRIO, TRIO_FIX, None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, faults=2, faults_fixed=2, edited_lines=2, runs=1)),
+    # One of two fixed: unit 0; K1 verified with the other reference block applied: p = 1, r = 1/2,
+    # f1 = 2/3, reward = 2/9. Runs: P, solution.
+    ("two faults one fixed", TRIO, TRIO_C.replace("def lo(xs):\n    return max", "def lo(xs):\n    return min"),
+     None, {}, dict(unit=0, precision=1, recall=0.5, f1=F(2, 3), reward=F(2, 9), faults=2, faults_fixed=1, runs=2)),
+    # One fixed, the other wrongly: K1 verified, K2 not: p = 1/2, r = 1/2, f1 = 1/2, reward 1/6.
+    # K2's verification (reference fix of lo + the wrong line 8) is P itself: runs P, solution.
+    ("two faults one fixed one wrong", TRIO,
+     TRIO_C.replace("def lo(xs):\n    return max", "def lo(xs):\n    return min").replace(" - 1", " + 1"),
+     None, {}, dict(unit=0, precision=0.5, recall=0.5, f1=0.5, reward=F(1, 6), faults_fixed=1, runs=2)),
+    # The reference edit made on the identical line 5 instead: aligned by identical edits, but the
+    # verification (line 8 fixed, hi broken, lo still broken) fails: all 0.
+    ("identical edit elsewhere", TRIO, TRIO_C.replace("def hi(xs):\n    return max", "def hi(xs):\n    return min"),
+     None, {}, dict(unit=0, precision=0, recall=0, f1=0, reward=0, faults_fixed=0, runs=2)),
+    # Fix by insertion: two inserts after line 1; cap 3, windows of 1 are indentation errors: |ess| = 2.
+    ("fix by insertion", FIRST, FIRST_FIX, None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, edited_lines=2, runs=3)),
+    # Alternative one-line fix: modify line 2, 0.5 from the insert span [1.5, 1.5]: aligned, credit 1.
+    ("alternative fix of an insertion", FIRST, "def first(xs):\n    return xs[0] if xs else None\n", None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, edited_lines=1, runs=1)),
+    # Insertion in the wrong place (before the def, span [0.5, 0.5], 1 from 1.5: aligned) that fails.
+    ("insertion at the wrong place", FIRST, "if not xs:\n    return None\n" + FIRST_C, None, {},
+     dict(unit=0, precision=0, recall=0, f1=0, reward=0, runs=1)),
+    # Clean task kept: no-op, unit 1, damage 0, reward 2/3, precision/recall/f1 null.
+    ("clean task kept", CLEAN, MEAN_FIX, None, {},
+     dict(unit=1, noop=True, damage=0, precision=None, recall=None, f1=None, reward=F(2, 3), faults=0, runs=1)),
+    ("clean task harmless edit", CLEAN, MEAN_FIX.replace("y * 2", "2 * y"), None, {},
+     dict(unit=1, noop=False, damage=0, reward=F(2, 3), edited_lines=1)),
+    ("clean task broken", CLEAN, MEAN_C, None, {},
+     dict(unit=0, noop=False, damage=1, precision=None, reward=0, edited_lines=1)),
+    ("clean task invalid", CLEAN, None, "It is already correct.", {},
+     dict(valid=False, unit=0, noop=False, damage=1, f1=None, reward=0, runs=0)),
+    # io tasks.
+    ("io exact fix", SQUARE, SQUARE.solution, None, {}, dict(unit=1, precision=1, recall=1, reward=1)),
+    ("io wrong fix", SQUARE, SQUARE_C.replace("n * n + 1", "n + n"), None, {},
+     dict(unit=0, precision=0, recall=0, reward=0)),
+    # λ = 0.5 on the fix plus an unrelated edit: 0.5 + 0.5·2/3.
+    ("lambda", MEAN, MEAN_FIX.replace("y * 2", "y + y"), None, {"lam": 0.5}, dict(reward=F(5, 6))),
+]
+
+
+@pytest.mark.parametrize("name,task,code,response,kwargs,expected", CASES, ids=[c[0] for c in CASES])
+def test_worked_case(fleet, name, task, code, response, kwargs, expected):
+    score = score_one(fleet, task, code, response, **kwargs)
+    for field, value in expected.items():
+        got = getattr(score, field)
+        if value is None or isinstance(value, bool):
+            assert got is value, (field, got)
+        else:
+            assert got == pytest.approx(float(value), abs=1e-12), (field, got)
+
+
+def test_task_epsilon_overrides_default(fleet):
+    rewrite = MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                             "    count = len(xs)\n    acc = sum(xs)\n    return acc / count")
+    task = dataclasses.replace(MEAN, epsilon=0)
+    assert score_one(fleet, task, rewrite, epsilon=5).precision == pytest.approx(1 / 3)
+
+
+def test_component_diagnostics(fleet):
+    s = score_one(fleet, TRIO, TRIO_C.replace("def lo(xs):\n    return max", "def lo(xs):\n    return min")
+                  .replace(" - 1", " + 1"))
+    assert [(c.refs, c.preds, c.verified, c.essential, c.cap, c.credit) for c in s.components] == [
+        ((0,), (0,), True, 1, 2, 1), ((1,), (1,), False, None, 2, 0)]
+    assert s.to_json()["components"][0]["verified"] is True
+
+
+def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
+    rewrite = MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                             "    count = len(xs)\n    acc = sum(xs)\n    return acc / count")
+    items = [(MEAN, Prediction(MEAN.task_id, code=p)) for p in (MEAN_FIX, MEAN_FIX, rewrite, MEAN_C)]
+    items += [(TRIO, Prediction(TRIO.task_id, code=TRIO_C.replace(" - 1", " + 1"))),
+              (MEAN, Prediction(MEAN.task_id, response="no code"))]
+    rec = Recorder(fleet)
+    scores = score_predictions(items, rec, epsilon=5)
+    # unit, verification, windows of 1, windows of 2.
+    assert len(rec.calls) == 4
+    sent = [job for call in rec.calls for job in call]
+    assert len(sent) == len(set(sent))
+    # Unit runs: 4 distinct programs (the fix comes twice). Every verification program equals its
+    # unit program except TRIO's, which adds reference block 0 to the wrong line 8. The rewrite's
+    # windows (ε = 5, cap 6): three of 1 and two of 2.
+    assert len(rec.calls[0]) == 4
+    assert len(rec.calls[1]) == 1
+    assert [len(c) for c in rec.calls[2:]] == [3, 2]
+    assert [s.runs for s in scores] == [1, 1, 6, 1, 2, 0]
+
+
+def test_empty_batch_makes_no_calls(fleet):
+    rec = Recorder(fleet)
+    assert score_predictions([(MEAN, Prediction(MEAN.task_id, response="none"))], rec)[0].valid is False
+    assert rec.calls == []
+
+
+# Pure math ----------------------------------------------------------------------
+
+
+def test_alignment_distance_and_identity():
+    [ref] = diff("a\nb\nc\nd\ne\nf", "a\nB\nc\nd\ne\nf")
+    near, far = diff("a\nb\nc\nd\ne\nf", "a\nb\nC\nd\ne\nf")[0], diff("a\nb\nc\nd\ne\nf", "a\nb\nc\nD\ne\nf")[0]
+    assert aligned(ref, near) and not aligned(ref, far)
+    [twin] = diff("b\nx\ny\nz\nb", "b\nx\ny\nz\nB")
+    [ref2] = diff("b\nx\ny\nz\nb", "B\nx\ny\nz\nb")
+    assert aligned(ref2, twin)
+
+
+def test_components_chain_through_shared_blocks():
+    c = "\n".join("abcdefghij")
+    reference = diff(c, c.replace("b", "B").replace("e", "E").replace("i", "I"))
+    predicted = diff(c, c.replace("c", "C").replace("d", "D").replace("j", "J"))
+    # ref b (2) – pred c,d [3, 4] – ref e (5); ref i (9) – pred j (10).
+    assert len(predicted) == 2
+    assert components(reference, predicted) == [((0, 1), (0,)), ((2,), (1,))]
+    assert components(reference, []) == [] and components([], predicted) == []
+
+
+def test_score_math_golden():
+    assert credit(True, 3, 2) == 2 and credit(True, 1, 2) == 1 and credit(False, 1, 2) == 0
+    assert precision_recall_f1(1, 4, 1, 1, 1) == pytest.approx((0.25, 1.0, 0.4))
+    assert precision_recall_f1(0, 2, 1, 2, 1) == pytest.approx((0.5, 0.5, 0.5))
+    assert precision_recall_f1(1, 0, 0, 1, 0) == (0.0, 0.0, 0.0)
+    assert precision_recall_f1(0, 0, 0, 1, 0) == (0.0, 0.0, 0.0)
+    assert scalar_reward(1, 0.4) == pytest.approx(2 / 3 + 0.4 / 3)
+    assert scalar_reward(1, None) == pytest.approx(2 / 3)
+
+
+def test_ea_grpo_golden():
+    # mean u = 5/6 ≥ 0.8: gated. Passing D = 1,2,3,2,2: μ = 2, σ = sqrt(2/5) = 0.632456;
+    # sigmoid(±1/σ = ±1.581139) = 0.170634 / 0.829366.
+    got = ea_grpo_rewards([1, 1, 1, 1, 1, 0], [1, 2, 3, 2, 2, None])
+    assert got == pytest.approx([1 - 0.05 * 0.170634, 0.975, 1 - 0.05 * 0.829366, 0.975, 0.975, 0.0], abs=1e-6)
+    assert ea_grpo_rewards([1, 0, 0, 0, 0, 0], [5, 1, 1, None, 2, 2]) == [1.0, 0, 0, 0, 0, 0]
+    assert ea_grpo_rewards([1, 1, 1, 1], [2, 2, 2, 2]) == [0.975] * 4
+    assert ea_grpo_rewards([0, 0], [None, 1]) == [0.0, 0.0]
+
+
+def test_gdpo_vector_and_clean_row_terms(fleet):
+    s = score_one(fleet, MEAN, MEAN_FIX.replace("y * 2", "y + y"))
+    assert s.vector == pytest.approx((1.0, 2 / 3))
+    clean = score_one(fleet, CLEAN, MEAN_FIX)
+    assert clean.vector == (1.0, 0.0)
+    assert clean_row_terms(clean, CLEAN.buggy_code) == (1.0, -0.0)
+    invalid = score_one(fleet, CLEAN, None, "none")
+    assert clean_row_terms(invalid, CLEAN.buggy_code) == (0.0, -6.0)
+
+
+def _score(task_id, unit, p, r, f1, ell, valid=True, noop=False, damage=None):
+    return Score(task_id, valid, unit, p, r, f1, ell, 1, 0, noop, damage, 0.0)
+
+
+def test_aggregate_golden():
+    buggy_b = dataclasses.replace(MEAN, task_id="b")
+    buggy_d = dataclasses.replace(MEAN, task_id="d")
+    tasks = [MEAN, buggy_b, CLEAN, buggy_d]
+    scores = [_score("mean#1", 1, 1.0, 1.0, 1.0, 1), _score("mean#1", 0, 0.5, 0.5, 0.5, 2),
+              _score("b", 0, 0.0, 0.0, 0.0, None, valid=False),
+              Score("mean#clean", True, 1, None, None, None, 0, 0, 0, True, 0, 2 / 3)]
+    summary = aggregate(tasks, scores)
+    # Buggy: mean#1 averages to unit .5, p .75, r .75, f1 .75, lines 1.5; b invalid; d missing.
+    assert summary["buggy"] == pytest.approx({"tasks": 3, "pass": 0.5 / 3, "precision": 0.25, "recall": 0.25,
+                                              "f1": 0.25, "lines": 1.5})
+    assert summary["clean"] == {"tasks": 1, "noop": 1.0, "damage": 0.0}
+    assert (summary["missing"], summary["invalid"], summary["predictions"]) == (1, 1, 4)
+    table = format_summary(summary)
+    assert "16.7" in table and "25.0" in table and "1.50" in table and "100.0" in table
+    with pytest.raises(KeyError):
+        aggregate([MEAN], scores)
+
+
+# Properties ---------------------------------------------------------------------
+
+POOL = ["    return 0", "    x = 1", "    # note", "pass", "    return xs[-1]", "        return None"]
+
+
+@st.composite
+def mutated(draw, task):
+    lines = task.buggy_code.split("\n")
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(lines)))
+        op = draw(st.sampled_from(["insert", "delete", "replace"]))
+        if op == "insert":
+            lines.insert(i, draw(st.sampled_from(POOL)))
+        elif i < len(lines):
+            if op == "delete":
+                del lines[i]
+            else:
+                lines[i] = draw(st.sampled_from(POOL + task.solution.split("\n")))
+    return "\n".join(lines)
+
+
+def noisy(draw, program):
+    return "\n".join(line + draw(st.sampled_from(["", " ", "\t", "  "])) + draw(st.sampled_from(["", "", "\n"]))
+                     for line in program.split("\n"))
+
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+BUGGY = [MEAN, TRIO, FIRST, SQUARE]
+
+
+@SETTINGS
+@given(st.data())
+def test_scores_lie_in_unit_interval(fleet, data):
+    task = data.draw(st.sampled_from(TASKS))
+    program, eps = data.draw(mutated(task)), data.draw(st.integers(0, 3))
+    s = score_one(fleet, task, program, epsilon=eps)
+    for value in (s.unit, s.precision, s.recall, s.f1, s.reward, s.damage):
+        assert value is None or 0 <= value <= 1
+    if s.valid:
+        analysis = analyze(task.buggy_code, task.solution, program, eps)
+        windows = sum(k.size - w + 1 for k in analysis.components for w in range(1, k.search_bound + 1))
+        assert s.runs <= 1 + len(analysis.components) + windows
+
+
+@SETTINGS
+@given(st.data())
+def test_reference_scores_one_and_buggy_scores_zero(fleet, data):
+    task = data.draw(st.sampled_from(BUGGY))
+    eps = data.draw(st.integers(0, 3))
+    ref = score_one(fleet, task, noisy(data.draw, task.solution), epsilon=eps)
+    assert (ref.unit, ref.precision, ref.recall, ref.f1, ref.reward) == (1, 1.0, 1.0, 1.0, 1.0)
+    bug = score_one(fleet, task, noisy(data.draw, task.buggy_code), epsilon=eps)
+    assert (bug.unit, bug.precision, bug.recall, bug.f1, bug.reward, bug.noop) == (0, 0.0, 0.0, 0.0, 0.0, True)
+
+
+@SETTINGS
+@given(st.data())
+def test_scores_ignore_trailing_whitespace(fleet, data):
+    task = data.draw(st.sampled_from(TASKS))
+    program = data.draw(mutated(task))
+    plain = score_one(fleet, task, program)
+    spaced = score_one(fleet, task, noisy(data.draw, program))
+    assert dataclasses.replace(spaced, runs=0) == dataclasses.replace(plain, runs=0)
