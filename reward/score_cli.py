@@ -1,0 +1,94 @@
+"""Score predictions with the PreciseCoder reward (REWARD_SPEC.md).
+
+Writes one JSON object per prediction to --out, in input order: task_id, valid,
+unit, precision, recall, f1, edited_lines, faults, faults_fixed, noop, damage,
+reward, and the diagnostics blocks (predicted blocks), components (reference
+and predicted block indices, verified, essential, cap, credit) and runs
+(distinct test runs the prediction needed). Then prints the aggregate table of
+the task set. A malformed record, or a prediction for a task not in --tasks,
+stops with an error naming the file and line; tasks without a prediction are
+listed and count as invalid predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from reward.fleet import Fleet
+from reward.sandbox import Limits
+from reward.schema import Prediction, SchemaError, Task, load_tasks, prediction_from_json, read_jsonl, write_jsonl
+from reward.score import DEFAULT_EPSILON, DEFAULT_LAMBDA, aggregate, format_summary, score_predictions
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", required=True, help="task JSONL file")
+    parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code})")
+    parser.add_argument("--out", required=True, help="write one score object per prediction here (JSONL)")
+    parser.add_argument("--lambda", dest="lam", type=float, default=DEFAULT_LAMBDA,
+                        help="weight λ of f1 in the reward (1 − λ)·unit + λ·f1 (default: 1/3)")
+    parser.add_argument("--epsilon", type=_non_negative_int, default=DEFAULT_EPSILON,
+                        help="ε of the credit cap for tasks without their own (default: 1)")
+    parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
+    parser.add_argument("--timeout", type=float, default=Limits().timeout_s,
+                        help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
+    parser.add_argument("--summary-json", help="also write the aggregate summary here as JSON")
+    parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
+                        help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def load_predictions_for(path: str, tasks: dict[str, Task]) -> list[Prediction]:
+    """Load predictions; a malformed record or an unknown task_id is a SchemaError naming its line."""
+    predictions = []
+    for lineno, obj in read_jsonl(path):
+        try:
+            pred = prediction_from_json(obj)
+        except ValueError as e:
+            raise SchemaError(path, lineno, str(e)) from None
+        if pred.task_id not in tasks:
+            raise SchemaError(path, lineno, f"prediction for unknown task {pred.task_id!r}")
+        predictions.append(pred)
+    return predictions
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 0 <= args.lam <= 1:
+        print(f"error: --lambda must lie in [0, 1], got {args.lam}", file=sys.stderr)
+        return 2
+    try:
+        tasks = load_tasks(args.tasks)
+        by_id = {t.task_id: t for t in tasks}
+        predictions = load_predictions_for(args.predictions, by_id)
+    except (SchemaError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    items = [(by_id[p.task_id], p) for p in predictions]
+    progress = False if args.no_progress else "score"
+    with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+        scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress=progress),
+                                   lam=args.lam, epsilon=args.epsilon, limits=Limits(timeout_s=args.timeout))
+        stats = fleet.stats
+    write_jsonl(args.out, (s.to_json() for s in scores))
+    summary = aggregate(tasks, scores, args.lam)
+    summary["test_runs"], summary["cache_hits"] = stats.runs, stats.cache_hits
+    predicted = {p.task_id for p in predictions}
+    missing = [t.task_id for t in tasks if t.task_id not in predicted]
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        print(f"warning: {len(missing)} tasks have no prediction and count as invalid: {shown}", file=sys.stderr)
+    print(format_summary(summary))
+    print(f"test runs {stats.runs}, cache hits {stats.cache_hits}")
+    if args.summary_json:
+        with open(args.summary_json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    return 0
