@@ -470,20 +470,24 @@ def _parses(program: str) -> bool:
     return True
 
 
-def single_line_mutants(program: str, frozen_lines: int = 0, seed: str = "0") -> list[Mutant]:
+def single_line_mutants(program: str, frozen_lines: int = 0, seed: str = "0",
+                        operators: Iterable[str] | None = None) -> list[Mutant]:
     """Every distinct one-line mutant of `program` that parses, in operator order.
 
     Args:
         program: the correct program.
         frozen_lines: lines before this 0-based index never change (e.g. HumanEval's prompt).
         seed: seeds the operators' choices (combine the run seed with the problem id).
+        operators: names of the operators to use (default: all of `OPERATORS`).
     """
     src = _source(program, frozen_lines, seed)
     if src is None:
         return []
     lines = program.split("\n")
+    names = list(OPERATORS) if operators is None else list(operators)
     seen, mutants = {program}, []
-    for name, (category, operator) in OPERATORS.items():
+    for name in names:
+        category, operator = OPERATORS[name]
         for line, text in operator(src):
             if text is not None and text.strip() == "":
                 continue
