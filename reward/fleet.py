@@ -163,7 +163,7 @@ class Fleet:
 
     def worker_uids(self) -> list[int]:
         """Real uids of the live sandbox workers (root only; for tests and monitoring)."""
-        return [w.uid for w in self._workers if w is not None and w.uid is not None]
+        return [w.uid for w in self._workers if w is not None and w.alive() and w.uid is not None]
 
 
 def _infrastructure_failure(result: RunResult) -> bool:

@@ -111,10 +111,15 @@ def _interpreter() -> tuple[str, str]:
 
 
 def _bwrap_command(uid: int | None) -> list[str]:
-    """bubblewrap arguments exposing only the interpreter and system libraries, read-only."""
+    """bubblewrap arguments exposing only the interpreter and system libraries, read-only.
+
+    No --die-with-parent: its parent-death signal fires when the *thread* that
+    started bwrap exits. The server exits on its own when its stdin closes,
+    which happens when the owning process dies, and bwrap's namespace with it.
+    """
     exe, prefix = _interpreter()
     cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+           "--unshare-cgroup-try", "--new-session", "--clearenv",
            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     if uid is None:

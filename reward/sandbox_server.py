@@ -109,8 +109,8 @@ def child_run(req, isolated, fds):
             # tmpfs hides the server's processes (and its memory) from the run instead.
             mount_tmpfs("/proc", 1)
             drop_capabilities()
-        else:
-            os.setsid()
+        # A process group of its own: kill(0, ...) from the run must not reach the server.
+        os.setsid()
         os.chdir("/tmp")
         for target, fd in ((0, fds["stdin"]), (1, fds["stdout"]), (2, fds["stderr"])):
             os.dup2(fd, target)
@@ -154,10 +154,11 @@ def child_run(req, isolated, fds):
         code = 1
         if stage == "tests" and isinstance(sys.exc_info()[1], AssertionError):
             stage = "assertion"
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
     try:
         if stage == "done":
             # The token reaches this process only now, after the tests returned.

@@ -1,0 +1,104 @@
+"""Verify a task set, or run predictions against their tasks' tests, in the sandbox.
+
+Without --predictions, every task's `solution` must pass and its `buggy_code`
+must fail (a clean task only needs its solution to pass); the exit code is 1
+when any task fails that check. With --predictions, each prediction's program
+(its `code`, or the program extracted from its `response`) runs against its
+task's tests. One JSON object per run goes to --out (or stdout):
+task_id, target (solution, buggy or prediction), passed, status, duration_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+from reward.extract import extract_program
+from reward.fleet import Fleet
+from reward.sandbox import Job, Limits
+from reward.schema import Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", required=True, help="task JSONL file (REWARD_SPEC.md schema)")
+    parser.add_argument("--predictions", help="prediction JSONL file; omit to verify the task set itself")
+    parser.add_argument("--out", help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="wall-clock seconds per run for tasks without timeout_s (default: 5)")
+    parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
+                        help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def plan_runs(tasks: list[Task], predictions: list[Prediction] | None,
+              timeout_s: float) -> tuple[list[dict], list[Job | None]]:
+    """The runs to make: one record and one job (None when there is no program) per run."""
+    limits = {t.task_id: Limits(timeout_s=t.timeout_s or timeout_s) for t in tasks}
+    records: list[dict] = []
+    jobs: list[Job | None] = []
+    if predictions is None:
+        for task in tasks:
+            targets = [("solution", task.solution)] + ([] if task.is_clean else [("buggy", task.buggy_code)])
+            for target, program in targets:
+                records.append({"task_id": task.task_id, "target": target})
+                jobs.append(Job(program, task.tests, limits[task.task_id]))
+        return records, jobs
+    by_id = {t.task_id: t for t in tasks}
+    for pred in predictions:
+        task = by_id[pred.task_id]
+        program = pred.code if pred.code is not None else extract_program(pred.response or "")
+        records.append({"task_id": pred.task_id, "target": "prediction"})
+        jobs.append(None if program is None else Job(program, task.tests, limits[task.task_id]))
+    return records, jobs
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        tasks = load_tasks(args.tasks)
+        predictions = load_predictions(args.predictions) if args.predictions else None
+    except (SchemaError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if predictions is not None:
+        known = {t.task_id for t in tasks}
+        unknown = sorted({p.task_id for p in predictions} - known)
+        if unknown:
+            print(f"error: {args.predictions}: predictions for unknown tasks: {', '.join(unknown[:5])}"
+                  + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""), file=sys.stderr)
+            return 2
+    records, jobs = plan_runs(tasks, predictions, args.timeout)
+    runnable = [i for i, job in enumerate(jobs) if job is not None]
+    with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+        results = fleet.run([jobs[i] for i in runnable], progress=False if args.no_progress else "check")
+    for i, result in zip(runnable, results):
+        records[i].update(passed=result.passed, status=result.status, duration_s=round(result.duration_s, 4))
+    for record, job in zip(records, jobs):
+        if job is None:
+            record.update(passed=False, status="invalid", duration_s=0.0)
+    if args.out:
+        write_jsonl(args.out, records)
+    else:
+        for record in records:
+            print(json.dumps(record))
+    return _summarize(records, verifying=predictions is None)
+
+
+def _summarize(records: list[dict], verifying: bool) -> int:
+    """Print the summary line; in verification mode return 1 if any task failed it."""
+    statuses = Counter(r["status"] for r in records)
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    if not verifying:
+        passed = sum(r["passed"] for r in records)
+        print(f"predictions: {passed}/{len(records)} passed ({detail})", file=sys.stderr)
+        return 0
+    bad = sorted({r["task_id"] for r in records
+                  if (r["target"] == "solution") != r["passed"]})
+    tasks = len({r["task_id"] for r in records})
+    print(f"tasks: {tasks - len(bad)}/{tasks} verified (solution passes, buggy code fails); "
+          f"runs: {detail}", file=sys.stderr)
+    for task_id in bad[:20]:
+        print(f"  not verified: {task_id}", file=sys.stderr)
+    return 1 if bad else 0
