@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,9 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import gated_delta
-from models.layers import MLP, Attention, AttnMask, Dense, Embed, KVCache, LMHead, RMSNorm, rope_cos_sin, scan, stack
-from models.layers import positions_from
+from models import decode, gated_delta
+from models.checkpoint import Rule
+from models.layers import (MLP, Attention, AttnMask, Dense, Embed, KVCache, LMHead, RMSNorm, positions_from,
+                           rope_cos_sin, scan, stack)
 from models.sharding import constrain
 
 Array = jax.Array
@@ -34,9 +36,30 @@ Dtype = Any
 LINEAR, FULL = "linear_attention", "full_attention"
 
 
+# HF config.json keys that transformers fills with a default when absent.
+_HF_DEFAULTS = {
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3_5Config:
-    """The fields of HF's Qwen3_5TextConfig that shape the model."""
+    """The fields of HF's Qwen3_5TextConfig that shape the model.
+
+    `model_type` is `qwen3_5_text` (Qwen3_5ForCausalLM, tensors under `model.`) or
+    `qwen3_5` (the multimodal wrapper, text tensors under `model.language_model.`);
+    `hf_json` keeps the source config.json so that saving writes back what we do not model
+    (the vision config, mrope sections, token ids).
+    """
 
     vocab_size: int
     hidden_size: int
@@ -44,22 +67,30 @@ class Qwen3_5Config:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    rms_norm_eps: float
     rope_theta: float
     partial_rotary_factor: float
     layer_types: tuple[str, ...]
-    linear_conv_kernel_dim: int
     linear_key_head_dim: int
     linear_value_head_dim: int
     linear_num_key_heads: int
     linear_num_value_heads: int
-    tie_word_embeddings: bool
+    linear_conv_kernel_dim: int = 4
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
     attention_bias: bool = False
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    model_type: str = "qwen3_5_text"
+    hf_json: str = "{}"
 
     def __post_init__(self):
         unknown = set(self.layer_types) - {LINEAR, FULL}
         if unknown:
             raise ValueError(f"unknown layer_types {sorted(unknown)}")
+        if self.model_type not in ("qwen3_5_text", "qwen3_5"):
+            raise ValueError(f"model_type {self.model_type!r} is not a Qwen3.5 type")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.linear_num_value_heads % self.linear_num_key_heads:
@@ -86,33 +117,64 @@ class Qwen3_5Config:
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> Qwen3_5Config:
         """From an HF config.json dict: `qwen3_5_text`, or `qwen3_5` (its `text_config`; vision ignored)."""
-        text = hf["text_config"] if hf["model_type"] == "qwen3_5" else hf
+        model_type = hf["model_type"]
+        if model_type not in ("qwen3_5_text", "qwen3_5"):
+            raise ValueError(f"not a Qwen3.5 config: model_type={model_type!r}")
+        text = {**_HF_DEFAULTS, **(hf["text_config"] if model_type == "qwen3_5" else hf)}
         if text["hidden_act"] != "silu":
-            raise ValueError(f"hidden_act {text['hidden_act']!r} is not supported (silu only)")
-        rope = text["rope_parameters"]
-        if rope["rope_type"] != "default":
-            raise ValueError(f"rope_type {rope['rope_type']!r} is not supported")
-        if len(text["layer_types"]) != text["num_hidden_layers"]:
+            raise NotImplementedError(f"hidden_act {text['hidden_act']!r} (only silu)")
+        rope = text.get("rope_parameters") or {k: text[k] for k in ("rope_theta",) if k in text}
+        if rope.get("rope_type", "default") != "default":
+            raise NotImplementedError(f"rope_type {rope['rope_type']!r} (only default)")
+        if "rope_theta" not in rope:
+            raise KeyError("config.json lacks rope_theta (in rope_parameters or top level)")
+        interval = text["full_attention_interval"]
+        layer_types = text.get("layer_types") or [
+            FULL if (i + 1) % interval == 0 else LINEAR for i in range(text["num_hidden_layers"])]
+        if len(layer_types) != text["num_hidden_layers"]:
             raise ValueError("layer_types and num_hidden_layers disagree")
+        eos = text["eos_token_id"]
         return cls(
-            vocab_size=text["vocab_size"],
-            hidden_size=text["hidden_size"],
-            intermediate_size=text["intermediate_size"],
-            num_attention_heads=text["num_attention_heads"],
-            num_key_value_heads=text["num_key_value_heads"],
-            head_dim=text["head_dim"],
-            rms_norm_eps=text["rms_norm_eps"],
-            rope_theta=rope["rope_theta"],
-            partial_rotary_factor=rope["partial_rotary_factor"],
-            layer_types=tuple(text["layer_types"]),
-            linear_conv_kernel_dim=text["linear_conv_kernel_dim"],
-            linear_key_head_dim=text["linear_key_head_dim"],
-            linear_value_head_dim=text["linear_value_head_dim"],
-            linear_num_key_heads=text["linear_num_key_heads"],
+            vocab_size=text["vocab_size"], hidden_size=text["hidden_size"],
+            intermediate_size=text["intermediate_size"], num_attention_heads=text["num_attention_heads"],
+            num_key_value_heads=text["num_key_value_heads"], head_dim=text["head_dim"],
+            rope_theta=float(rope["rope_theta"]),
+            partial_rotary_factor=rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)),
+            layer_types=tuple(layer_types), linear_key_head_dim=text["linear_key_head_dim"],
+            linear_value_head_dim=text["linear_value_head_dim"], linear_num_key_heads=text["linear_num_key_heads"],
             linear_num_value_heads=text["linear_num_value_heads"],
-            tie_word_embeddings=hf["tie_word_embeddings"],
-            attention_bias=text["attention_bias"],
-        )
+            linear_conv_kernel_dim=text["linear_conv_kernel_dim"], rms_norm_eps=text["rms_norm_eps"],
+            tie_word_embeddings=hf.get("tie_word_embeddings", False) if model_type == "qwen3_5"
+            else text["tie_word_embeddings"],
+            attention_bias=text["attention_bias"], max_position_embeddings=text["max_position_embeddings"],
+            bos_token_id=text["bos_token_id"], eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=text["pad_token_id"], model_type=model_type, hf_json=json.dumps(dict(hf), sort_keys=True))
+
+    def to_hf(self) -> dict[str, Any]:
+        """An HF config.json dict of the same model_type as the source (transformers 5 layout)."""
+        source = json.loads(self.hf_json)
+        wrapped = self.model_type == "qwen3_5"
+        text = dict(source.get("text_config", {}) if wrapped else source)
+        for k in ("full_attention_interval", "partial_rotary_factor", "rope_theta"):
+            text.pop(k, None)
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        text.update(
+            model_type="qwen3_5_text", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, hidden_act="silu", rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={**text.get("rope_parameters", {}), "rope_type": "default",
+                             "rope_theta": self.rope_theta, "partial_rotary_factor": self.partial_rotary_factor},
+            layer_types=list(self.layer_types), linear_conv_kernel_dim=self.linear_conv_kernel_dim,
+            linear_key_head_dim=self.linear_key_head_dim, linear_value_head_dim=self.linear_value_head_dim,
+            linear_num_key_heads=self.linear_num_key_heads, linear_num_value_heads=self.linear_num_value_heads,
+            attention_bias=self.attention_bias, max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings, bos_token_id=self.bos_token_id, eos_token_id=eos,
+            pad_token_id=self.pad_token_id)
+        if not wrapped:
+            return {**text, "architectures": ["Qwen3_5ForCausalLM"]}
+        return {**source, "text_config": text, "tie_word_embeddings": self.tie_word_embeddings,
+                "architectures": ["Qwen3_5ForConditionalGeneration"]}
 
 
 # ---------------------------------------------------------------------------
@@ -136,17 +198,16 @@ class DeltaState:
         )
 
 
-def init_layer_caches(cfg: Qwen3_5Config, batch: int, max_len: int, dtype: Dtype) -> tuple[Any, ...]:
-    """Zero caches for every run of the scanned groups, stacked `[groups, run, ...]` like the parameters."""
+def layer_caches(cfg: Qwen3_5Config, batch: int, max_len: int, dtype: Dtype) -> tuple[Any, ...]:
+    """Zero states for every run of the scanned groups, stacked `[groups, run, ...]` like the parameters:
+
+    `DeltaState` for DeltaNet runs, `KVCache` for attention runs.
+    """
     n_groups, runs = cfg.groups
-    caches = []
-    for kind, length in runs:
-        if kind == LINEAR:
-            caches.append(DeltaState.zeros(cfg, batch, dtype, (n_groups, length)))
-        else:
-            caches.append(KVCache.zeros(batch, max_len, cfg.num_key_value_heads, cfg.head_dim, dtype,
-                                        (n_groups, length)))
-    return tuple(caches)
+    return tuple(
+        DeltaState.zeros(cfg, batch, dtype, (n_groups, n)) if kind == LINEAR
+        else KVCache.zeros(batch, max_len, cfg.num_key_value_heads, cfg.head_dim, dtype, (n_groups, n))
+        for kind, n in runs)
 
 
 # ---------------------------------------------------------------------------
@@ -168,12 +229,16 @@ class GatedRMSNorm(nnx.Module):
 
 
 class DepthwiseConv(nnx.Module):
-    """Causal depthwise conv taps `[K, C]` (HF's conv1d.weight `[C, 1, K]`, transposed)."""
+    """Causal depthwise conv weights, stored `[C, 1, K]` as HF's torch Conv1d stores them."""
 
     def __init__(self, taps: int, channels: int, *, param_dtype: Dtype, rngs: nnx.Rngs):
         bound = taps**-0.5
-        w = jax.random.uniform(rngs.params(), (taps, channels), jnp.float32, -bound, bound)
-        self.weight = nnx.Param(w.astype(param_dtype), axes=(None, "mlp"))
+        w = jax.random.uniform(rngs.params(), (channels, 1, taps), jnp.float32, -bound, bound)
+        self.weight = nnx.Param(w.astype(param_dtype), axes=("mlp", None, None))
+
+    def taps(self, dtype: Dtype) -> Array:
+        """The taps `[K, C]`, oldest first."""
+        return self.weight[...][:, 0, :].T.astype(dtype)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -208,7 +273,7 @@ class GatedDeltaNet(nnx.Module):
         b, t, _ = x.shape
         x = x * (segment_ids != 0)[..., None].astype(x.dtype)
         qkv, conv_state = gated_delta.causal_conv1d(
-            self.in_proj_qkv(x), self.conv1d.weight[...].astype(self.dtype),
+            self.in_proj_qkv(x), self.conv1d.taps(self.dtype),
             None if state is None else state.conv, segment_ids)
         qkv = jax.nn.silu(qkv)
         key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
@@ -304,54 +369,136 @@ class Group(nnx.Module):
 
 
 class Qwen3_5(nnx.Module):
-    """Qwen3.5/3.6 causal LM: `model(input_ids)` → logits `[B, T, V]`."""
+    """Qwen3_5ForCausalLM (and the text half of Qwen3_5ForConditionalGeneration).
 
-    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype = jnp.float32, param_dtype: Dtype = jnp.float32,
+    Call `model(input_ids)` for logits `[B, T, V]`. Options: `positions` (`[B, T]`),
+    `segment_ids` (`[B, T]`, packed sequences, 0 = padding: no token sees another
+    segment, in attention nor through the DeltaNet's conv and state), `attention_mask`
+    (`[B, T]`, 1 = token, 0 = left padding), `cache` (a `decode.Cache`; the call then
+    returns `(out, new_cache)`), `return_hidden` (final-normed hidden states `[B, T, D]`
+    instead of logits) and `chunk_size` (the DeltaNet's chunk length).
+    """
+
+    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype = jnp.float32, param_dtype: Dtype | None = None,
                  rngs: nnx.Rngs, remat: bool = False):
-        self.cfg, self.dtype, self.remat = cfg, dtype, remat
+        param_dtype = param_dtype or dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype)
+        self.config, self.dtype, self.remat = cfg, dtype, remat
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
         self.layers = stack(lambda r: Group(cfg, rngs=r, **kw), cfg.groups[0], rngs, "layers")
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, **kw)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
 
+    def lm_head_weight(self) -> Array:
+        """The output projection `[V, D]` (the embedding when tied): `logits = h @ W.T`."""
+        return (self.embed_tokens.embedding if self.lm_head is None else self.lm_head.weight)[...]
+
+    def logits(self, hidden: Array) -> Array:
+        """LM head on final hidden states `[B, T, D]` → `[B, T, V]`."""
+        out = self.embed_tokens.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+        return constrain(out, ("batch", "seq", "act_vocab"))
+
+    def init_cache(self, batch: int, max_len: int, dtype: Dtype | None = None) -> decode.Cache:
+        """An empty decoding cache: KV for attention layers, conv and recurrent state for DeltaNet layers."""
+        return decode.Cache.empty(layer_caches(self.config, batch, max_len, dtype or self.dtype), batch, max_len)
+
     def __call__(self, input_ids: Array, *, positions: Array | None = None, segment_ids: Array | None = None,
-                 attention_mask: Array | None = None, caches: tuple | None = None, cache_index: Array | None = None,
-                 kv_segment_ids: Array | None = None, chunk_size: int = 64) -> Array | tuple[Array, tuple]:
-        """Logits `[B, T, V]` for `input_ids [B, T]`.
-
-        Args:
-          positions: `[B, T]` rotary positions (default: from segments or the mask).
-          segment_ids: `[B, T]` packed-sequence ids, 0 = padding; no token sees another segment,
-            in attention nor in the DeltaNet's conv and state.
-          attention_mask: `[B, T]` 1 for tokens, 0 for (left) padding; used when `segment_ids` is None.
-          caches: from `init_layer_caches`; then this block is written at `cache_index` and
-            `kv_segment_ids [B, S]` says which cache slots hold tokens (0 = empty or padding).
-          chunk_size: the DeltaNet's chunk length.
-
-        Returns:
-          logits, or (logits, new caches) when `caches` is given.
-        """
-        cfg = self.cfg
-        b, t = input_ids.shape
-        if segment_ids is None:
-            segment_ids = (jnp.ones((b, t), jnp.int32) if attention_mask is None
-                           else attention_mask.astype(jnp.int32))
-        if positions is None:
-            positions = positions_from(attention_mask, segment_ids, (b, t))
-        if caches is None:
-            mask = AttnMask.full(segment_ids)
+                 attention_mask: Array | None = None, cache: decode.Cache | None = None,
+                 return_hidden: bool = False, chunk_size: int = 64):
+        cfg = self.config
+        shape = input_ids.shape
+        if cache is None:
+            seg = segment_ids if segment_ids is not None else attention_mask
+            seg = jnp.ones(shape, jnp.int32) if seg is None else seg.astype(jnp.int32)
+            mask = AttnMask.full(seg)
+            if positions is None:
+                positions = positions_from(attention_mask, segment_ids, shape)
+            states, index = None, None
         else:
-            q_idx = cache_index + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            kv_idx = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1], dtype=jnp.int32), kv_segment_ids.shape)
-            mask = AttnMask(q_idx, kv_idx, segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
+            if segment_ids is not None:
+                raise ValueError("segment_ids are not supported with a cache")
+            seg = jnp.ones(shape, jnp.int32) if attention_mask is None else attention_mask.astype(jnp.int32)
+            index = cache.index
+            auto_positions, mask, cache = cache.advance(attention_mask, shape)
+            positions = auto_positions if positions is None else positions
+            states = cache.layers
         rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
-        ctx = Context(segment_ids, rope, mask, cache_index, chunk_size)
+        ctx = Context(seg, rope, mask, index, chunk_size)
 
         h = constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
-        h, caches = scan(self.layers, lambda group, carry, c: group(carry, ctx, c), h, caches, remat=self.remat)
+        h, states = scan(self.layers, lambda group, carry, st: group(carry, ctx, st), h, states, remat=self.remat)
         h = self.norm(h)
-        logits = self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        logits = constrain(logits, ("batch", "seq", "act_vocab"))
-        return logits if caches is None else (logits, caches)
+        out = h if return_hidden else self.logits(h)
+        return out if cache is None else (out, dataclasses.replace(cache, layers=states))
 
+
+# ---------------------------------------------------------------------------
+# checkpoint family interface
+
+Config = Qwen3_5Config
+Model = Qwen3_5
+
+_DELTA_TENSORS = (  # (HF name under the layer, ours under the layer, transpose, split)
+    ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_qkv.kernel", True, None),
+    ("linear_attn.in_proj_z.weight", "linear_attn.in_proj_z.kernel", True, (1, 2)),
+    ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_b.kernel", True, None),
+    ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_a.kernel", True, None),
+    ("linear_attn.conv1d.weight", "linear_attn.conv1d.weight", False, None),
+    ("linear_attn.A_log", "linear_attn.A_log", False, None),
+    ("linear_attn.dt_bias", "linear_attn.dt_bias", False, None),
+    ("linear_attn.norm.weight", "linear_attn.norm.weight", False, None),
+    ("linear_attn.out_proj.weight", "linear_attn.out_proj.kernel", True, (2, 1)),
+)
+_ATTENTION_TENSORS = (
+    ("self_attn.q_proj.weight", "self_attn.q_proj.kernel", True, (1, 2)),
+    ("self_attn.k_proj.weight", "self_attn.k_proj.kernel", True, (1, 2)),
+    ("self_attn.v_proj.weight", "self_attn.v_proj.kernel", True, (1, 2)),
+    ("self_attn.o_proj.weight", "self_attn.o_proj.kernel", True, (2, 1)),
+    ("self_attn.q_norm.weight", "self_attn.q_norm.weight", False, None),
+    ("self_attn.k_norm.weight", "self_attn.k_norm.weight", False, None),
+)
+_ATTENTION_BIASES = tuple((f"self_attn.{p}_proj.bias", f"self_attn.{p}_proj.bias", False, s)
+                          for p, s in (("q", (2,)), ("k", (2,)), ("v", (2,)), ("o", None)))
+_BLOCK_TENSORS = (
+    ("input_layernorm.weight", "input_layernorm.weight", False, None),
+    ("post_attention_layernorm.weight", "post_attention_layernorm.weight", False, None),
+    ("mlp.gate_proj.weight", "mlp.gate_proj.kernel", True, None),
+    ("mlp.up_proj.weight", "mlp.up_proj.kernel", True, None),
+    ("mlp.down_proj.weight", "mlp.down_proj.kernel", True, None),
+)
+
+
+def _hf_prefix(cfg: Qwen3_5Config) -> str:
+    return "model.language_model." if cfg.model_type == "qwen3_5" else "model."
+
+
+def hf_rules(cfg: Qwen3_5Config) -> list[Rule]:
+    """HF tensor names ↔ our parameters.
+
+    HF layer i is group i // P, run r, slot i % P − start_r of that run, for the period P.
+    HF Linear weights are `[out, in]`, ours `[in, out]`; conv1d.weight keeps HF's `[C, 1, K]`.
+    """
+    prefix = _hf_prefix(cfg)
+    n_groups, runs = cfg.groups
+    period = sum(n for _, n in runs)
+    rules = [Rule(f"{prefix}embed_tokens.weight", "embed_tokens.embedding"),
+             Rule(f"{prefix}norm.weight", "norm.weight")]
+    start = 0
+    for r, (kind, n) in enumerate(runs):
+        layers = [g * period + start + j for g in range(n_groups) for j in range(n)]
+        tensors = _BLOCK_TENSORS + (_DELTA_TENSORS if kind == LINEAR else _ATTENTION_TENSORS)
+        if kind == FULL and cfg.attention_bias:
+            tensors += _ATTENTION_BIASES
+        rules += [Rule(f"{prefix}layers.{{i}}.{hf}", f"layers.runs.{r}.{ours}", layers=layers,
+                       index=lambda i, s=start: (i // period, i % period - s), transpose=t, split=split)
+                  for hf, ours, t, split in tensors]
+        start += n
+    if not cfg.tie_word_embeddings:
+        rules.append(Rule("lm_head.weight", "lm_head.weight"))
+    return rules
+
+
+def hf_ignore(cfg: Qwen3_5Config) -> tuple[str, ...]:
+    """HF tensors we read past: the vision tower, multi-token-prediction heads, rotary buffers, a tied lm_head."""
+    tied = (r"lm_head\.weight",) if cfg.tie_word_embeddings else ()
+    return (r"model\.visual\..*", r"mtp\..*", r".*rotary_emb\.inv_freq") + tied

@@ -1,0 +1,196 @@
+"""Qwen3.5 hybrid model against transformers' PyTorch Qwen3.5 on tiny random checkpoints."""
+
+import dataclasses
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from transformers import Qwen3_5Config as HFWrapperConfig
+from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+
+from models import checkpoint, decode, sharding
+from models.qwen3_5 import FULL, LINEAR, Qwen3_5, Qwen3_5Config
+
+VOCAB = 96
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+    linear_num_value_heads=4, eos_token_id=None,
+)
+
+
+def _randomize_norms(model: torch.nn.Module) -> None:
+    """Move every norm weight and dt_bias off its init so centering and gating mistakes show."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "dt_bias" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+
+
+def _hf_text_model(**overrides) -> Qwen3_5ForCausalLM:
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**(TINY | overrides))).eval()
+    _randomize_norms(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_5_text")
+    hf = _hf_text_model()
+    hf.save_pretrained(path)
+    return path, hf
+
+
+@pytest.fixture(scope="module")
+def ours(hf_dir):
+    return checkpoint.from_pretrained(hf_dir[0])
+
+
+def _ids(seed: int, shape: tuple[int, int]) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, shape)
+
+
+def _hf_logits(hf, ids, **kw) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids), **{k: torch.from_numpy(v) for k, v in kw.items()}).logits.float().numpy()
+
+
+_forward = nnx.jit(lambda m, ids, **kw: m(ids, **kw))
+
+
+def test_config_reads_text_and_multimodal_json():
+    text = json.loads(Qwen3_5TextConfig(**TINY).to_json_string())
+    cfg = Qwen3_5Config.from_hf(text)
+    assert cfg.groups == (2, ((LINEAR, 3), (FULL, 1)))
+    assert (cfg.partial_rotary_factor, cfg.conv_dim, cfg.model_type) == (0.25, 2 * 16 + 32, "qwen3_5_text")
+    wrapper = HFWrapperConfig(text_config=text, tie_word_embeddings=True).to_dict()
+    wcfg = Qwen3_5Config.from_hf(wrapper)
+    assert (wcfg.model_type, wcfg.tie_word_embeddings, wcfg.layer_types) == ("qwen3_5", True, cfg.layer_types)
+    assert dataclasses.replace(Qwen3_5Config.from_hf(wcfg.to_hf()), hf_json=wcfg.hf_json) == wcfg
+    odd = Qwen3_5Config.from_hf(text | {"layer_types": [LINEAR, FULL, FULL, LINEAR] * 2})
+    assert odd.groups == (2, ((LINEAR, 1), (FULL, 2), (LINEAR, 1)))
+
+
+def test_logits_match_transformers_fp32(hf_dir, ours):
+    ids = _ids(0, (2, 70))
+    got = np.asarray(_forward(ours, jnp.asarray(ids)))
+    ref = _hf_logits(hf_dir[1], ids)
+    assert got.shape == (2, 70, VOCAB)
+    assert np.abs(got - ref).max() <= 1e-4
+
+
+def test_left_padding_matches_transformers(hf_dir, ours):
+    ids = _ids(1, (2, 70))
+    mask = np.ones((2, 70), np.int64)
+    mask[1, :9] = 0
+    positions = np.maximum(mask.cumsum(1) - 1, 0)
+    ref = _hf_logits(hf_dir[1], ids, attention_mask=mask, position_ids=positions)
+    got = np.asarray(_forward(ours, jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    real = mask.astype(bool)
+    assert np.abs(got[real] - ref[real]).max() <= 1e-4
+
+
+def test_packed_segments_equal_separate_sequences(ours):
+    ids = _ids(2, (1, 70))
+    seg = np.repeat([1, 2, 3, 0], [25, 30, 9, 6])[None]
+    packed = np.asarray(_forward(ours, jnp.asarray(ids), segment_ids=jnp.asarray(seg)))
+    for s in (1, 2, 3):
+        where = seg[0] == s
+        alone = np.asarray(ours(jnp.asarray(ids[:, where])))
+        assert np.abs(packed[0, where] - alone[0]).max() <= 1e-5
+
+
+def test_save_then_load_in_transformers_and_ours(tmp_path, ours):
+    checkpoint.save_pretrained(ours, tmp_path)
+    hf = Qwen3_5ForCausalLM.from_pretrained(tmp_path).eval()
+    ids = _ids(3, (2, 21))
+    ref = _hf_logits(hf, ids)
+    assert np.abs(np.asarray(_forward(ours, jnp.asarray(ids))) - ref).max() <= 1e-4
+    again = checkpoint.from_pretrained(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(ours)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_multimodal_checkpoint_text_part(tmp_path):
+    torch.manual_seed(0)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4)
+    cfg = HFWrapperConfig(text_config=TINY | {"num_hidden_layers": 4}, vision_config=vision)
+    hf = Qwen3_5ForConditionalGeneration(cfg).eval()
+    _randomize_norms(hf)
+    hf.save_pretrained(tmp_path)
+    ours = checkpoint.from_pretrained(tmp_path)
+    assert ours.config.model_type == "qwen3_5"
+    ids = _ids(4, (1, 19))
+    assert np.abs(np.asarray(ours(jnp.asarray(ids))) - _hf_logits(hf, ids)).max() <= 1e-4
+    out = tmp_path / "ours"
+    checkpoint.save_pretrained(ours, out)
+    written = checkpoint.SafetensorsDir(out).keys()
+    assert "model.language_model.layers.0.linear_attn.A_log" in written and "lm_head.weight" in written
+    assert json.loads((out / "config.json").read_text())["vision_config"]["depth"] == 1
+
+
+def test_bf16_within_stated_bound(hf_dir):
+    model = checkpoint.from_pretrained(hf_dir[0], dtype=jnp.bfloat16)
+    ids = _ids(5, (2, 70))
+    got = np.asarray(_forward(model, jnp.asarray(ids)), np.float32)
+    ref = _hf_logits(hf_dir[1], ids)
+    assert np.abs(got - ref).max() <= 2e-2
+
+
+def test_greedy_decode_matches_transformers_generate(hf_dir, ours):
+    prompt = _ids(6, (2, 11))
+    with torch.no_grad():
+        ref = hf_dir[1].generate(torch.from_numpy(prompt), max_new_tokens=12, do_sample=False,
+                                 min_new_tokens=12).numpy()[:, 11:]
+    out = decode.Decoder(ours).generate(jnp.asarray(prompt), max_new_tokens=12)
+    np.testing.assert_array_equal(np.asarray(out["tokens"]), ref)
+
+
+def test_prefill_and_steps_equal_full_forward(ours):
+    ids = jnp.asarray(_ids(7, (2, 30)))
+    mask = jnp.ones((2, 30), jnp.int32).at[0, :4].set(0)
+    full = np.asarray(_forward(ours, ids, attention_mask=mask))
+    cache = ours.init_cache(2, 32)
+    logits, cache = _forward(ours, ids[:, :20], attention_mask=mask[:, :20], cache=cache)
+    steps = [np.asarray(logits)]
+    for t in range(20, 30):
+        logits, cache = _forward(ours, ids[:, t : t + 1], cache=cache)
+        steps.append(np.asarray(logits))
+    got = np.concatenate(steps, axis=1)
+    real = np.asarray(mask, bool)
+    assert np.abs(got[real] - full[real]).max() <= 1e-5
+
+
+def test_sharded_forward_equals_single_device(hf_dir, ours):
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    sharded = checkpoint.from_pretrained(hf_dir[0], mesh=mesh)
+    kernel = sharded.layers.runs[0].linear_attn.in_proj_qkv.kernel[...]
+    assert len(kernel.sharding.device_set) == 8
+    ids = jnp.asarray(_ids(8, (4, 33)))
+    with sharding.use_mesh(mesh):
+        got = np.asarray(_forward(sharded, ids))
+    assert np.abs(got - np.asarray(_forward(ours, ids))).max() <= 1e-5
+
+
+def _compile_seconds(layers: int) -> float:
+    cfg = Qwen3_5Config.from_hf(json.loads(Qwen3_5TextConfig(**TINY | {"num_hidden_layers": layers}).to_json_string()))
+    model = Qwen3_5(cfg, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    fn = jax.jit(lambda s, ids: nnx.merge(graphdef, s)(ids))
+    start = time.perf_counter()
+    fn.lower(state, jnp.zeros((1, 64), jnp.int32)).compile()
+    return time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_compile_time_does_not_grow_with_depth():
+    shallow, deep = _compile_seconds(4), _compile_seconds(32)
+    print(f"compile seconds: 4 layers {shallow:.2f}, 32 layers {deep:.2f}")
+    assert deep < 2 * shallow
