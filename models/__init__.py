@@ -24,6 +24,7 @@ _LAZY = {
     "FAMILIES": "models.checkpoint",
     "Qwen3": "models.qwen3",
     "Qwen3Config": "models.qwen3",
+    "Qwen3_5": "models.qwen3_5", "Qwen3_5Config": "models.qwen3_5",
     "make_mesh": "models.sharding",
 }
 

@@ -37,6 +37,7 @@ from models import sharding
 # HF model_type -> family module. Add one line per family.
 FAMILIES: dict[str, str] = {
     "qwen3": "models.qwen3",
+    "qwen3_5": "models.qwen3_5", "qwen3_5_text": "models.qwen3_5",
 }
 
 CONFIG_NAME = "config.json"
