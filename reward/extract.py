@@ -9,8 +9,9 @@ whitespace after it. An unclosed fence is not a block and ends the parse.
 
 Choices the spec leaves open: `\\r\\n` and lone `\\r` count as line ends (as in
 CommonMark); only spaces count as fence indentation (a tab indents 4 columns,
-so a tab-indented fence is not a fence); blocks nested in lists or block quotes
-are not looked for; a closed block with no content lines yields the empty program.
+so a tab-indented fence is not a fence); container blocks (lists, block
+quotes) are not parsed, so a line is a fence by its own indentation alone; a
+closed block with no content lines yields the empty program.
 """
 
 from __future__ import annotations

@@ -195,6 +195,12 @@ CASES = [
     ("io exact fix", SQUARE, SQUARE.solution, None, {}, dict(unit=1, precision=1, recall=1, reward=1)),
     ("io wrong fix", SQUARE, SQUARE_C.replace("n * n + 1", "n + n"), None, {},
      dict(unit=0, precision=0, recall=0, reward=0)),
+    # The example of docs/reward.md: comment + fix in one block, line 7 rewritten. ℓ = 3; K = {δ*, block 1}
+    # verified; window [modify] passes: credit 1; p = 1/3, f1 = 1/2, reward 5/6. Runs: P, C + block 1,
+    # 2 windows.
+    ("docs example", MEAN,
+     MEAN_FIX.replace("    n = len", "    # the mean divides by len(xs)\n    n = len").replace("y * 2", "y + y"), None,
+     {}, dict(unit=1, precision=F(1, 3), recall=1, f1=F(1, 2), reward=F(5, 6), edited_lines=3, blocks=2, runs=4)),
     # λ = 0.5 on the fix plus an unrelated edit: 0.5 + 0.5·2/3.
     ("lambda", MEAN, MEAN_FIX.replace("y * 2", "y + y"), None, {"lam": 0.5}, dict(reward=F(5, 6))),
 ]
