@@ -217,15 +217,30 @@ class SandboxWorker:
         else:
             exe, _ = _interpreter()
             cmd = [exe, "-I", "-S", "-c", SERVER_SOURCE, "rlimits"]
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if isolation == "rlimits" else None,
-            cwd=tempfile.gettempdir(), text=True, bufsize=1)
+        info_r, info_w = os.pipe()
+        if isolation == "bwrap":
+            cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=(info_w,),
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if isolation == "rlimits" else None,
+                cwd=tempfile.gettempdir(), text=True, bufsize=1)
+        finally:
+            os.close(info_w)
         hello = self._readline(timeout_s=30)
         if hello is None or not hello.get("ready"):
+            os.close(info_r)
             err = self._drain_stderr()
             self.close()
             raise RuntimeError(f"sandbox server did not start: {err.strip()[-500:]}")
+        # Host pid of the sandbox's pid 1: killing it ends every process in the sandbox.
+        self.sandbox_pid = self._proc.pid
+        if isolation == "bwrap":
+            with os.fdopen(info_r) as info:
+                self.sandbox_pid = json.loads(info.read())["child-pid"]
+        else:
+            os.close(info_r)
 
     @property
     def uid(self) -> int | None:
@@ -272,11 +287,13 @@ class SandboxWorker:
                          duration_s=reply["duration_s"], stdout=reply["stdout"], stderr=reply["stderr"])
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, 9)
-            except (ProcessLookupError, PermissionError):
-                self._proc.kill()
+        """Kill the whole sandbox (its pid 1, hence every process in it) and release the uid."""
+        for pid, kill in ((getattr(self, "sandbox_pid", None), os.kill), (self._proc.pid, os.killpg)):
+            if pid is not None:
+                try:
+                    kill(pid, 9)
+                except (ProcessLookupError, PermissionError):
+                    pass
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
