@@ -12,8 +12,9 @@ order of s then position; rounds never run a window longer than the answer,
 and since most components stop at s = 1 (cap = |δ*| + ε is small) one round
 is the usual case. Within a call, identical jobs are sent once, and a job seen
 in an earlier phase is not sent again, so no program runs twice even without
-the fleet's cache. A prediction's `runs` counts its distinct jobs, at most
-1 + |components| + Σ windows.
+the fleet's cache; programs that differ only in whitespace at their very end
+(which Python ignores) count as identical. A prediction's `runs` counts its
+distinct jobs, at most 1 + |components| + Σ windows.
 
 Choices the spec leaves open:
 - `code` of a prediction is used as is; `response` goes through `extract_program`.
@@ -37,7 +38,7 @@ from typing import Any
 from reward.diff import Block, Edit, apply, diff, edits_of, nonblank_lines
 from reward.extract import extract_program
 from reward.sandbox import Job, Limits, RunResult
-from reward.schema import Prediction, Task
+from reward.schema import Prediction, Task, Tests
 
 DEFAULT_LAMBDA = 1 / 3
 DEFAULT_EPSILON = 1
@@ -230,6 +231,15 @@ def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verd
 # Test runs --------------------------------------------------------------------
 
 
+def canonical_job(program: str, tests: Tests, limits: Limits) -> Job:
+    """The job that runs a program: whitespace at its very end is dropped, since Python ignores it.
+
+    An extracted program lacks C's final newline, so without this the usual
+    exact fix would run twice (as the answer and as its verification program).
+    """
+    return Job(program.rstrip(), tests, limits)
+
+
 class _Runner:
     """`run_batch` behind a memo: each distinct job is sent once per scoring call."""
 
@@ -273,7 +283,7 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
     def job(n: int, program: str) -> Job:
         task = items[n][0]
         run_limits = limits if task.timeout_s is None else dataclasses.replace(limits, timeout_s=task.timeout_s)
-        made = Job(program, task.tests, run_limits)
+        made = canonical_job(program, task.tests, run_limits)
         jobs_of[n].add(made)
         return made
 
@@ -380,8 +390,9 @@ def aggregate(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAU
     def per_task(group: Sequence[Task], field: str) -> float | None:
         return _mean(_mean(getattr(s, field) or 0.0 for s in by_task[t.task_id]) for t in group)
 
-    buggy = [t for t in tasks if diff(t.buggy_code, t.solution)]
-    clean = [t for t in tasks if t not in buggy]
+    is_buggy = {t.task_id: bool(diff(t.buggy_code, t.solution)) for t in tasks}
+    buggy = [t for t in tasks if is_buggy[t.task_id]]
+    clean = [t for t in tasks if not is_buggy[t.task_id]]
     lines = [_mean(s.edited_lines for s in by_task[t.task_id] if s.valid) for t in buggy]
     return {
         "tasks": len(tasks), "predictions": len(scores), "missing": len(missing),

@@ -146,9 +146,10 @@ CASES = [
     # verification program (built from C) differs from P, so two runs.
     ("fix with whitespace noise", MEAN, MEAN_FIX.replace("\n", " \t\n\n"), None, {},
      dict(unit=1, precision=1, recall=1, f1=1, reward=1, edited_lines=1, runs=2)),
-    # Responses: think block skipped, last python block taken.
+    # Responses: think block skipped, last python block taken. The extracted program lacks C's final
+    # newline only, so it and the verification program are one run.
     ("think block then fix", MEAN, None, "<think>\n" + fence(MEAN_C) + "</think>\nFixed:\n" + fence(MEAN_FIX), {},
-     dict(unit=1, precision=1, recall=1, f1=1, reward=1)),
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, runs=1)),
     ("several code blocks, last python wins", MEAN, None,
      fence(MEAN_FIX) + fence("print(1)\n", "bash") + fence(MEAN_C.replace("+ 1", "- 1"), "py") + fence(MEAN_FIX, ""), {},
      dict(unit=0, precision=0, recall=0, edited_lines=1, reward=0)),
