@@ -7,6 +7,7 @@ fleet (a recording wrapper checks the one-call-per-phase contract).
 
 import dataclasses
 from fractions import Fraction as F
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from reward.diff import diff
 from reward.fleet import Fleet
-from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task
+from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
 from reward.score import (Score, aggregate, aligned, analyze, clean_row_terms, components, credit, ea_grpo_rewards,
                           format_summary, precision_recall_f1, scalar_reward, score_predictions)
 
@@ -398,3 +399,16 @@ def test_scores_ignore_trailing_whitespace(fleet, data):
     plain = score_one(fleet, task, program)
     spaced = score_one(fleet, task, noisy(data.draw, program))
     assert dataclasses.replace(spaced, runs=0) == dataclasses.replace(plain, runs=0)
+
+
+def test_bundled_examples_reference_scores_one_and_buggy_zero(fleet):
+    tasks = load_tasks(Path(__file__).resolve().parents[1] / "reward" / "examples" / "tasks.jsonl")
+    refs = score_predictions([(t, Prediction(t.task_id, code=t.solution)) for t in tasks], Recorder(fleet))
+    bugs = score_predictions([(t, Prediction(t.task_id, code=t.buggy_code)) for t in tasks], Recorder(fleet))
+    for task, ref, bug in zip(tasks, refs, bugs):
+        assert ref.unit == 1 and bug.noop
+        if ref.faults:
+            assert (ref.precision, ref.recall, ref.reward) == (1.0, 1.0, 1.0)
+            assert (bug.unit, bug.precision, bug.recall, bug.reward) == (0, 0.0, 0.0, 0.0)
+        else:
+            assert ref.damage == 0 and ref.reward == pytest.approx(2 / 3)
