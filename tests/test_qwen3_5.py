@@ -98,13 +98,18 @@ def test_left_padding_matches_transformers(hf_dir, ours):
 
 
 def test_packed_segments_equal_separate_sequences(ours):
-    ids = _ids(2, (1, 70))
-    seg = np.repeat([1, 2, 3, 0], [25, 30, 9, 6])[None]
-    packed = np.asarray(_forward(ours, jnp.asarray(ids), segment_ids=jnp.asarray(seg)))
-    for s in (1, 2, 3):
-        where = seg[0] == s
-        alone = np.asarray(ours(jnp.asarray(ids[:, where])))
-        assert np.abs(packed[0, where] - alone[0]).max() <= 1e-5
+    """Row 0 packs three sequences and padding; rows 1-3 hold each sequence alone (then padding)."""
+    lengths = (25, 30, 9)
+    ids = np.zeros((4, 70), np.int64)
+    seg = np.zeros((4, 70), np.int64)
+    ids[0] = _ids(2, (1, 70))[0]
+    seg[0, :64] = np.repeat([1, 2, 3], lengths)
+    starts = np.cumsum((0,) + lengths)
+    for row, (lo, hi) in enumerate(zip(starts[:-1], starts[1:]), start=1):
+        ids[row, : hi - lo], seg[row, : hi - lo] = ids[0, lo:hi], 1
+    out = np.asarray(_forward(ours, jnp.asarray(ids), segment_ids=jnp.asarray(seg)))
+    for row, (lo, hi) in enumerate(zip(starts[:-1], starts[1:]), start=1):
+        assert np.abs(out[0, lo:hi] - out[row, : hi - lo]).max() <= 1e-5
 
 
 def test_save_then_load_in_transformers_and_ours(tmp_path, ours):
@@ -144,28 +149,27 @@ def test_bf16_within_stated_bound(hf_dir):
     assert np.abs(got - ref).max() <= 2e-2
 
 
-def test_greedy_decode_matches_transformers_generate(hf_dir, ours):
-    prompt = _ids(6, (2, 11))
-    with torch.no_grad():
-        ref = hf_dir[1].generate(torch.from_numpy(prompt), max_new_tokens=12, do_sample=False,
-                                 min_new_tokens=12).numpy()[:, 11:]
-    out = decode.Decoder(ours).generate(jnp.asarray(prompt), max_new_tokens=12)
-    np.testing.assert_array_equal(np.asarray(out["tokens"]), ref)
-
-
-def test_prefill_and_steps_equal_full_forward(ours):
-    ids = jnp.asarray(_ids(7, (2, 30)))
-    mask = jnp.ones((2, 30), jnp.int32).at[0, :4].set(0)
-    full = np.asarray(_forward(ours, ids, attention_mask=mask))
-    cache = ours.init_cache(2, 32)
-    logits, cache = _forward(ours, ids[:, :20], attention_mask=mask[:, :20], cache=cache)
+def test_decoding_matches_full_forward_and_transformers_generate(hf_dir, ours):
+    """Prefill + steps give the full forward's logits; greedy tokens equal transformers' generate."""
+    prompt, mask = _ids(6, (2, 11)), np.ones((2, 11), np.int64)
+    mask[1, :3] = 0
+    dec = decode.Decoder(ours)
+    cache = dec.init_cache(2, 24)
+    logits, cache = dec.prefill(dec.state, cache, jnp.asarray(prompt), jnp.asarray(mask))
+    follow = _ids(7, (2, 6))
     steps = [np.asarray(logits)]
-    for t in range(20, 30):
-        logits, cache = _forward(ours, ids[:, t : t + 1], cache=cache)
+    for t in range(6):
+        logits, cache = dec.step(dec.state, cache, jnp.asarray(follow[:, t]))
         steps.append(np.asarray(logits))
-    got = np.concatenate(steps, axis=1)
-    real = np.asarray(mask, bool)
-    assert np.abs(got[real] - full[real]).max() <= 1e-5
+    full_ids, full_mask = np.concatenate([prompt, follow], 1), np.pad(mask, ((0, 0), (0, 6)), constant_values=1)
+    full = np.asarray(_forward(ours, jnp.asarray(full_ids), attention_mask=jnp.asarray(full_mask)))
+    assert np.abs(np.stack(steps, 1) - full[:, 10:]).max() <= 1e-5
+
+    with torch.no_grad():
+        ref = hf_dir[1].generate(torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask), max_new_tokens=12,
+                                 min_new_tokens=12, do_sample=False).numpy()[:, 11:]
+    out = dec.generate(jnp.asarray(prompt), jnp.asarray(mask), max_new_tokens=12)
+    np.testing.assert_array_equal(np.asarray(out["tokens"]), ref)
 
 
 def test_sharded_forward_equals_single_device(hf_dir, ours):
