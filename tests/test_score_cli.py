@@ -1,6 +1,11 @@
 """`precisecoder score`: outputs, summary, and the errors it must raise."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from jaxrl.cli import main
 from reward.schema import AssertTests, Prediction, Task, write_predictions, write_tasks
@@ -88,3 +93,13 @@ def test_bad_json_in_tasks(tmp_path, capsys):
     tasks.write_text(tasks.read_text() + "{oops\n")
     assert main(["score", "--tasks", str(tasks), "--predictions", str(preds), "--out", str(tmp_path / "o")]) == 2
     assert f"{tasks}:4:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_score_prints_table_and_json():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_score.py"
+    done = subprocess.run([sys.executable, str(script), "--tasks", "6", "--k", "2", "--workers", "2", "--json"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    lines = done.stdout.strip().splitlines()
+    assert "preds/s" in done.stdout
+    assert set(json.loads(lines[-1])) == {"predictions_per_s", "runs_per_prediction", "batch96_s"}
