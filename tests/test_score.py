@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from reward.diff import diff
 from reward.fleet import Fleet
+from reward.sandbox import Limits
 from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
-from reward.score import (Score, aggregate, aligned, analyze, clean_row_terms, components, credit, ea_grpo_rewards,
-                          format_summary, precision_recall_f1, scalar_reward, score_predictions)
+from reward.score import (Score, aggregate, aligned, analyze, canonical_job, clean_row_terms, components, credit,
+                          ea_grpo_rewards, format_summary, precision_recall_f1, scalar_reward, score_predictions)
 
 MEAN_C = """def mean(xs):
     n = len(xs) + 1
@@ -412,3 +413,42 @@ def test_bundled_examples_reference_scores_one_and_buggy_zero(fleet):
             assert (bug.unit, bug.precision, bug.recall, bug.reward) == (0, 0.0, 0.0, 0.0)
         else:
             assert ref.damage == 0 and ref.reward == pytest.approx(2 / 3)
+
+
+@st.composite
+def padded_fix(draw, task):
+    """The reference solution with up to 3 harmless or harmful lines added or changed."""
+    lines = task.solution.split("\n")
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(1, len(lines) - 1))
+        line = draw(st.sampled_from(["    # note", "    x = 1", "    xs = list(xs)", "    return 0"]))
+        if draw(st.booleans()):
+            lines.insert(i, line)
+        else:
+            lines[i] = line
+    return "\n".join(lines)
+
+
+@SETTINGS
+@given(st.data())
+def test_batched_window_search_matches_sequential_search(fleet, data):
+    task = data.draw(st.sampled_from([MEAN, TRIO, FIRST]))
+    program, eps = data.draw(padded_fix(task)), data.draw(st.integers(0, 3))
+    score = score_one(fleet, task, program, epsilon=eps)
+
+    def passes(text):
+        return fleet.run([canonical_job(text, task.tests, Limits())])[0].passed
+
+    analysis = analyze(task.buggy_code, task.solution, program, eps)
+    expected = []
+    for k in analysis.components:
+        if not passes(k.program(task.buggy_code)):
+            expected.append(None)
+            continue
+        essential = k.size
+        for s in range(1, k.search_bound + 1):
+            if any(passes(k.program(task.buggy_code, w)) for w in k.windows(s)):
+                essential = s
+                break
+        expected.append(essential)
+    assert [c.essential for c in score.components] == expected
