@@ -24,11 +24,13 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -217,6 +219,7 @@ class SandboxWorker:
         else:
             exe, _ = _interpreter()
             cmd = [exe, "-I", "-S", "-c", SERVER_SOURCE, "rlimits"]
+        self._pending = b""
         info_r, info_w = os.pipe()
         if isolation == "bwrap":
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
@@ -225,7 +228,7 @@ class SandboxWorker:
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(info_w,),
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if isolation == "rlimits" else None,
-                cwd=tempfile.gettempdir(), text=True, bufsize=1)
+                cwd=tempfile.gettempdir(), bufsize=0)
         finally:
             os.close(info_w)
         hello = self._readline(timeout_s=30)
@@ -251,21 +254,24 @@ class SandboxWorker:
 
     def _readline(self, timeout_s: float) -> dict | None:
         """One reply line, or None if the server died or stayed silent past the timeout."""
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self._proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not line or not line[0]:
-            return None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 1 << 16) if ready else b""
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         try:
-            return json.loads(line[0])
+            return json.loads(line)
         except json.JSONDecodeError:
             return None
 
     def _drain_stderr(self) -> str:
         try:
             self._proc.kill()
-            return self._proc.stderr.read() or ""
+            return (self._proc.stderr.read() or b"").decode("utf-8", "replace")
         except (OSError, ValueError):
             return ""
 
@@ -274,8 +280,7 @@ class SandboxWorker:
         if not self.alive():
             raise WorkerDied("sandbox server is not running")
         try:
-            self._proc.stdin.write(json.dumps(job.request()) + "\n")
-            self._proc.stdin.flush()
+            self._proc.stdin.write((json.dumps(job.request()) + "\n").encode())
         except (BrokenPipeError, OSError) as e:
             raise WorkerDied(f"sandbox server pipe broken: {e}") from None
         cases = len(job.tests.cases) if isinstance(job.tests, IOTests) else 1

