@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="task JSONL file")
     parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code})")
     parser.add_argument("--out", required=True, help="write one score object per prediction here (JSONL)")
-    parser.add_argument("--lambda", dest="lam", type=float, default=DEFAULT_LAMBDA,
+    parser.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=DEFAULT_LAMBDA,
                         help="weight λ of f1 in the reward (1 − λ)·unit + λ·f1 (default: 1/3)")
     parser.add_argument("--epsilon", type=_non_negative_int, default=DEFAULT_EPSILON,
                         help="ε of the credit cap for tasks without their own (default: 1)")
