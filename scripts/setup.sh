@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create or refresh .venv at the repo root with everything PreciseCoder-JAX needs.
+#   scripts/setup.sh          runtime (the precisecoder command)
+#   scripts/setup.sh test     runtime + test dependencies (pytest, hypothesis, torch CPU, ...)
+# Idempotent: a second run with an unchanged pyproject.toml returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python="${PYTHON:-python3}"
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "setup: installing bubblewrap (the test sandbox)" >&2
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; })
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo apt-get install -y -q bubblewrap >/dev/null || { sudo apt-get update -q >/dev/null && sudo apt-get install -y -q bubblewrap >/dev/null; }
+  else
+    echo "setup: WARNING: cannot install bubblewrap (not root, no sudo); the sandbox will fall back to rlimits only" >&2
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+spec=".${extras:+[$extras]}"
+stamp=".venv/.precisecoder-setup"
+want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $spec"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e "$spec"
+  echo "$want" > "$stamp"
+fi
+echo "setup: ready (.venv, extras: ${extras:-none})" >&2
