@@ -242,10 +242,12 @@ class DepthwiseConv(nnx.Module):
 
 
 class GatedDeltaNet(nnx.Module):
-    """The linear-attention mixer: fused q|k|v projection, causal conv + silu, L2-normed q and k,
+    """Gated DeltaNet, the `linear_attention` mixer.
 
-    g = −exp(A_log) · softplus(a + dt_bias), β = sigmoid(b), the gated delta rule, a
-    silu(z)-gated RMSNorm per value head, then out_proj.
+    Fused q|k|v projection, causal depthwise conv + silu, L2-normed q and k,
+    g = −exp(A_log) · softplus(a + dt_bias), β = sigmoid(b), the gated delta rule
+    (chunked; recurrent for one-token steps), a silu(z)-gated RMSNorm per value head,
+    then out_proj.
     """
 
     def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs):
