@@ -296,7 +296,7 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, param_dtype=N
                 raise ValueError(f"{rule.ours}: checkpoint covers {filled} of {math.prod(out_shape[:lead])} layers")
             return out
 
-        values[name] = jax.make_array_from_callback(shape, shardings[name].value, read)
+        values[name] = jax.make_array_from_callback(shape, shardings[name].get_value(), read)
 
     ignore = [re.compile(p) for p in fam.hf_ignore(cfg)]
     unknown = [k for k in src.keys() if k not in used and not any(p.fullmatch(k) for p in ignore)]
@@ -304,7 +304,7 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, param_dtype=N
         raise ValueError(f"checkpoint tensors with no rule: {sorted(unknown)[:20]} ({len(unknown)} in all)")
 
     for path_, var in nnx.to_flat_state(abs_state):
-        var.value = values[".".join(map(str, path_))]
+        var.set_value(values[".".join(map(str, path_))])
     return nnx.merge(graphdef, abs_state)
 
 
@@ -338,15 +338,15 @@ def save_pretrained(model: nnx.Module, path: str | os.PathLike, *, dtype=None,
         def f():
             if name not in cache:
                 cache.clear()
-                cache[name] = _to_host(params[name].value)
+                cache[name] = _to_host(params[name][...])
             return rule.to_hf(cache[name][at])
         return f
 
     for name, rule in table.items():
         var = params[name]
-        out_dtype = np.dtype(dtype or var.value.dtype)
+        out_dtype = np.dtype(dtype or var.dtype)
         for hf, at in rule.entries():
-            shape = rule.hf_shape(tuple(var.value.shape)[len(at):])
+            shape = rule.hf_shape(tuple(var.shape)[len(at):])
             tensors.append((hf, shape, out_dtype, produce(name, at, rule)))
 
     path = Path(path)
@@ -376,6 +376,6 @@ def save_pretrained(model: nnx.Module, path: str | os.PathLike, *, dtype=None,
                 total += math.prod(t[1]) * t[2].itemsize
         (path / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                   indent=2))
-    stored = np.dtype(dtype or next(iter(params.values())).value.dtype)
+    stored = np.dtype(dtype or next(iter(params.values())).dtype)
     hf_cfg = {**cfg.to_hf(), "dtype": "bfloat16" if stored == ml_dtypes.bfloat16 else stored.name}
     (path / CONFIG_NAME).write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")

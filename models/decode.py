@@ -113,8 +113,9 @@ class Decoder:
     """Jitted prefill, step and generate for one model's graph.
 
     The compiled functions take the model's state explicitly, so new weights
-    (after an RL update) reuse them without retracing. The step and the
-    generate loop donate the cache: it is updated in place.
+    (after an RL update) reuse them without retracing. `step` donates the
+    cache, and the generate loop carries it through a `while_loop`: both
+    update it in place.
 
         dec = Decoder(model)
         out = dec.generate(prompt_ids, prompt_mask, max_new_tokens=64)
@@ -125,8 +126,7 @@ class Decoder:
         self._model = model
         self.prefill = jax.jit(self._prefill)
         self.step = jax.jit(self._step, donate_argnames=("cache",))
-        self._loop = jax.jit(self._loop_impl, static_argnames=("max_new_tokens", "params"),
-                             donate_argnames=("cache",))
+        self._loop = jax.jit(self._loop_impl, static_argnames=("max_new_tokens", "params"))
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> Cache:
         return self._model.init_cache(batch, max_len, dtype)

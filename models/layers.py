@@ -12,6 +12,7 @@ axis (`q [B, T, N, H]`, `k, v [B, S, K, H]`); parameters are stored in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -343,3 +344,29 @@ def positions_from(attention_mask: Array | None, segment_ids: Array | None, shap
 def param_count(module: nnx.Module) -> int:
     """Number of scalars in the module's parameters."""
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def jit_when_eager(method: Callable) -> Callable:
+    """Decorate a model's `__call__` so an eager call runs compiled.
+
+    Outside any trace (plain arrays in), the call goes through `nnx.jit`, so a
+    script's or test's `model(ids)` compiles once per shape instead of running
+    op by op (a `lax.scan` would recompile on every eager call). Inside a trace
+    the method runs as written. Keyword `return_hidden` is static.
+    """
+    jitted = nnx.jit(method, static_argnames=("return_hidden",))
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))) or _params_traced(self):
+            return method(self, *args, **kwargs)
+        return jitted(self, *args, **kwargs)
+
+    return call
+
+
+def _params_traced(module: nnx.Module) -> bool:
+    for _, v in nnx.iter_graph(module):
+        if isinstance(v, nnx.Variable):
+            return isinstance(v.get_raw_value(), jax.core.Tracer)
+    return False

@@ -19,8 +19,8 @@ from flax import nnx
 
 from models import decode
 from models.checkpoint import Rule
-from models.layers import (MLP, Attention, AttnMask, Embed, KVCache, LMHead, RMSNorm, positions_from, rope_cos_sin,
-                           scan, stack)
+from models.layers import (MLP, Attention, AttnMask, Embed, KVCache, LMHead, RMSNorm, jit_when_eager, positions_from,
+                           rope_cos_sin, scan, stack)
 from models.sharding import constrain
 
 Array = jax.Array
@@ -169,6 +169,7 @@ class Qwen3(nnx.Module):
                            layers=(cfg.num_hidden_layers,))
         return decode.Cache.empty(kv, batch, max_len)
 
+    @jit_when_eager
     def __call__(self, input_ids: Array, *, positions: Array | None = None, segment_ids: Array | None = None,
                  attention_mask: Array | None = None, cache: decode.Cache | None = None,
                  return_hidden: bool = False):
