@@ -60,8 +60,9 @@ def test_single_fault_rejection_rules(run):
     ]
     stats, seen = collections.Counter(), {LOOP.solution}
     kept = screen(candidates, run, seen, "test", stats)
-    assert [c.parts for c, _ in kept] == [(kept_fault,)]
-    assert kept[0][1] in seen
+    assert [k.candidate.parts for k in kept] == [(kept_fault,)]
+    assert kept[0].program in seen
+    assert kept[0].status == "fail"  # an assertion of the tests, not a crash
     assert stats == {"candidates": 5, "kept": 1, "still_passes": 1, "timeout": 1, "diff_shape": 1, "duplicate": 1}
 
 
@@ -76,9 +77,9 @@ def test_multi_fault_needs_every_fault(run):
     ]
     stats = collections.Counter()
     kept = screen(candidates, run, {LOOP.solution}, "test", stats)
-    assert [c.parts for c, _ in kept] == [(plus_one, wrong_range)]
+    assert [k.candidate.parts for k in kept] == [(plus_one, wrong_range)]
     assert stats == {"candidates": 4, "kept": 1, "fault_not_needed": 2, "still_passes": 1}
-    assert len(diff(kept[0][1], LOOP.solution)) == 2
+    assert len(diff(kept[0].program, LOOP.solution)) == 2
 
 
 def test_multi_line_fault_must_be_one_block_and_atomic(run):
@@ -90,8 +91,8 @@ def test_multi_line_fault_must_be_one_block_and_atomic(run):
     ]
     stats = collections.Counter()
     kept = screen(candidates, run, {LOOP.solution}, "test", stats)
-    assert len(kept) == 1 and kept[0][0] is candidates[0]
-    (block,) = diff(kept[0][1], LOOP.solution)
+    assert len(kept) == 1 and kept[0].candidate is candidates[0]
+    (block,) = diff(kept[0].program, LOOP.solution)
     assert len(block) == 2
     assert stats == {"candidates": 3, "kept": 1, "fault_not_needed": 1, "diff_shape": 1}
 

@@ -153,10 +153,10 @@ def sample_multi_line(problem: Problem, singles: Sequence[Mutant], cfg: BuildCon
     """Multi-line candidates: kept faults on 2..4 contiguous non-blank lines, and loop block shifts."""
     ranks, by_line = _ranks(problem.solution), _by_line(singles)
     rng = _rng(cfg.seed, problem.base_id, "multi_line")
-    windows = []
+    windows, faulty = [], list(by_line)
     for n in (2, 3, 4):
-        for start in range(len(by_line)):
-            lines = list(by_line)[start:start + n]
+        for start in range(len(faulty)):
+            lines = faulty[start:start + n]
             if len(lines) == n and ranks[lines[-1]] - ranks[lines[0]] == n - 1:
                 windows.append(lines)
     picked = sorted(rng.sample(range(len(windows)), min(cfg.multi_line_per_problem, len(windows))))
@@ -175,14 +175,23 @@ def _shape_ok(candidate: Candidate, buggy: str) -> bool:
     return len(blocks) == len(candidate.parts) and all(len(b) == 1 for b in blocks)
 
 
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """A candidate that passed screening: its buggy program and the status its tests ended with."""
+
+    candidate: Candidate
+    program: str
+    status: str
+
+
 def _subsets(parts: tuple[Mutant, ...]) -> list[tuple[Mutant, ...]]:
     """Every non-empty proper subset of the parts."""
     return [c for r in range(1, len(parts)) for c in itertools.combinations(parts, r)]
 
 
 def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: str,
-           stats: dict[str, int]) -> list[tuple[Candidate, str]]:
-    """Kept (candidate, buggy program) pairs, in order; `seen` (buggy programs) grows as they are kept.
+           stats: dict[str, int]) -> list[Kept]:
+    """The candidates that pass screening, in order; `seen` (buggy programs) grows as they are kept.
 
     One batch runs every candidate and every proper subset of its parts;
     `stats` counts the candidates and why each rejected one was.
@@ -211,7 +220,7 @@ def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: 
             reason = "fault_not_needed"
         else:
             seen.add(buggy)
-            kept.append((c, buggy))
+            kept.append(Kept(c, buggy, result.status))
             stats["kept"] += 1
             continue
         stats[reason] += 1
@@ -239,14 +248,14 @@ def _spans(buggy: str, solution: str) -> list[list[float]]:
     return [[int(x) if x == int(x) else x for x in b.span] for b in diff(buggy, solution)]
 
 
-def to_task(candidate: Candidate, buggy: str, number: int) -> Task:
-    """The task of a kept candidate; `meta` records how it was made."""
-    p = candidate.problem
-    spans = _spans(buggy, p.solution)
-    meta = {"source": p.source, "kind": candidate.kind, "faults": len(spans),
-            "operators": [m.operator for m in candidate.parts],
-            "categories": [m.category for m in candidate.parts], "bug_lines": spans}
-    return Task(f"{p.base_id}#b{number}", p.base_id, p.prompt, buggy, p.solution, p.tests, meta=meta)
+def to_task(kept: Kept, number: int) -> Task:
+    """The task of a kept candidate; `meta` records how it was made and how its tests fail."""
+    c, p = kept.candidate, kept.candidate.problem
+    spans = _spans(kept.program, p.solution)
+    meta = {"source": p.source, "kind": c.kind, "faults": len(spans),
+            "operators": [m.operator for m in c.parts], "categories": [m.category for m in c.parts],
+            "bug_lines": spans, "status": kept.status}
+    return Task(f"{p.base_id}#b{number}", p.base_id, p.prompt, kept.program, p.solution, p.tests, meta=meta)
 
 
 def clean_task(problem: Problem, split: str) -> Task:
@@ -266,9 +275,9 @@ class BuildResult:
 
 def _counts(tasks: Sequence[Task]) -> dict[str, dict[str, int]]:
     counts: dict[str, collections.Counter] = {k: collections.Counter() for k in
-                                              ("source", "kind", "faults", "operator", "category")}
+                                              ("source", "kind", "faults", "status", "operator", "category")}
     for t in tasks:
-        for key in ("source", "kind", "faults"):
+        for key in ("source", "kind", "faults", "status"):
             counts[key][str(t.meta[key])] += 1
         counts["operator"].update(t.meta["operators"])
         counts["category"].update(t.meta["categories"])
@@ -299,8 +308,8 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
 
     # composites
     kept_by_problem: dict[str, list[Mutant]] = collections.defaultdict(list)
-    for c, _ in kept:
-        kept_by_problem[c.problem.base_id].append(c.parts[0])
+    for k in kept:
+        kept_by_problem[k.candidate.problem.base_id].append(k.candidate.parts[0])
     multi, multi_line = [], []
     for p in tqdm(good, desc="composites", disable=not progress, leave=False):
         multi += sample_multi(p, kept_by_problem[p.base_id], cfg)
@@ -311,12 +320,13 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
     # tasks and splits
     splits = split_of(good, cfg)
     order = {p.base_id: i for i, p in enumerate(good)}
-    kept.sort(key=lambda item: order[item[0].problem.base_id])  # stable: singles, multi, multi-line
+    kept.sort(key=lambda k: order[k.candidate.problem.base_id])  # stable: singles, multi, multi-line
     files: dict[str, list[Task]] = {name: [] for name in (*SPLITS, "gt_debug")}
     number: collections.Counter = collections.Counter()
-    for c, buggy in kept:
-        files[splits[c.problem.base_id]].append(to_task(c, buggy, number[c.problem.base_id]))
-        number[c.problem.base_id] += 1
+    for k in kept:
+        base_id = k.candidate.problem.base_id
+        files[splits[base_id]].append(to_task(k, number[base_id]))
+        number[base_id] += 1
     files["gt_debug"] = [clean_task(p, splits[p.base_id]) for p in good if splits[p.base_id] != "train"]
 
     manifest = {
