@@ -194,7 +194,10 @@ def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: 
     """The candidates that pass screening, in order; `seen` (buggy programs) grows as they are kept.
 
     One batch runs every candidate and every proper subset of its parts;
-    `stats` counts the candidates and why each rejected one was.
+    `stats` counts the candidates and why each rejected one was: `still_passes`, its own
+    timeout (oom, killed), `duplicate`, `diff_shape`, `fault_not_needed` (a proper subset of
+    its faults passes), or `subset_timeout` (`subset_oom`, `subset_killed`: a subset's run
+    did not end cleanly).
     """
     unique: dict[tuple[str, str], Job] = {}
     for c in candidates:
@@ -207,6 +210,7 @@ def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: 
         stats["candidates"] += 1
         buggy = c.program
         result = verdict[c.problem.base_id, buggy]
+        partial = [verdict[c.problem.base_id, _program(c.problem, s)] for s in _subsets(c.parts)]
         if result.passed:
             reason = "still_passes"
         elif result.status not in FAILING:
@@ -215,9 +219,10 @@ def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: 
             reason = "duplicate"
         elif not _shape_ok(c, buggy):
             reason = "diff_shape"
-        elif any(verdict[c.problem.base_id, _program(c.problem, s)].status not in FAILING
-                 for s in _subsets(c.parts)):
+        elif any(r.passed for r in partial):
             reason = "fault_not_needed"
+        elif any(r.status not in FAILING for r in partial):
+            reason = "subset_" + next(r.status for r in partial if r.status not in FAILING)
         else:
             seen.add(buggy)
             kept.append(Kept(c, buggy, result.status))
