@@ -1,0 +1,367 @@
+"""The policy update: one jitted, sharded `(state, batch) -> (state, metrics)`.
+
+The same function runs on one CPU, fake CPU devices, a GPU node and a TPU pod:
+parameter and optimizer-state shardings come from `jax.eval_shape` plus the
+logical-axis rules of `models.sharding` (parameters over fsdp/tensor), the batch
+is split over data and fsdp, and the state buffers are donated.
+
+Inside the step:
+  1. loss weights of the chosen aggregation, computed once on the whole batch;
+  2. micro-batches (strided rows, so every device keeps its share) scanned with
+     gradient accumulation; per micro-batch the model yields final hidden states
+     and token log-probs come chunk by chunk (`losses.chunked_logprobs`);
+  3. global-norm clipping and AdamW with warmup then a constant or cosine schedule.
+
+Because the weights are normalized over the whole batch, the accumulated gradient
+equals the full-batch gradient for every aggregation mode and micro-batch count.
+
+The model is any NNX module with `model(tokens, segment_ids=..., return_hidden=True)`
+returning final-normed hidden states `[B, T, D]` and `model.lm_head_weight()`
+returning `[V, D]` (`models.qwen3.Qwen3`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl import losses
+from models import sharding as msh
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The policy loss (defaults: verl's actor).
+
+    Attributes:
+        clip_low: ε_low, the ratio is clipped below at 1 − ε_low.
+        clip_high: ε_high, clipped above at 1 + ε_high (DAPO's clip-higher: 0.28).
+        dual_clip: c > 1 caps the loss of negative-advantage tokens at −c·A; None disables.
+        agg_mode: one of `losses.AGG_MODES`.
+        norm_constant: Dr.GRPO's constant L for `seq-mean-token-sum-norm` (default: T).
+        kl_coef: weight of KL(π ‖ π_ref) in the loss; > 0 needs reference log-probs.
+        kl_estimator: "k1" or "k3".
+        temperature: sampling temperature; logits are divided by it.
+        logp_chunk: positions per chunk of the log-prob computation.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    temperature: float = 1.0
+    logp_chunk: int = 512
+
+    def __post_init__(self):
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must exceed 1, got {self.dual_clip}")
+        if self.agg_mode not in losses.AGG_MODES:
+            raise ValueError(f"agg_mode {self.agg_mode!r} not in {losses.AGG_MODES}")
+        if self.norm_constant is not None and self.norm_constant <= 0:
+            raise ValueError(f"norm_constant must be positive, got {self.norm_constant}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"kl_estimator must be k1 or k3, got {self.kl_estimator!r}")
+        if self.temperature <= 0 or self.logp_chunk <= 0:
+            raise ValueError("temperature and logp_chunk must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping; linear warmup, then constant or cosine decay.
+
+    Attributes:
+        learning_rate: peak learning rate.
+        warmup_steps: the rate at step s < warmup_steps is lr · (s + 1) / warmup_steps.
+        schedule: "constant" or "cosine" after warmup.
+        total_steps: steps of warmup plus decay (needed by "cosine").
+        min_lr_ratio: the cosine floor as a fraction of the peak.
+        b1, b2, eps: Adam moments.
+        weight_decay: decoupled decay, on every parameter like verl's actor.
+        max_grad_norm: clip gradients to this global norm.
+    """
+
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate and max_grad_norm must be positive")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be constant or cosine, got {self.schedule!r}")
+        if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+            raise ValueError("a cosine schedule needs total_steps > warmup_steps")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStepConfig:
+    """One policy update: the loss, the optimizer and the number of micro-batches."""
+
+    loss: LossConfig = LossConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    micro_batches: int = 1
+
+    def __post_init__(self):
+        if self.micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+
+
+@flax.struct.dataclass
+class Batch:
+    """One update's rollouts, B rows of T tokens (prompt, completion, padding).
+
+    Attributes:
+        tokens_BxT: token ids.
+        loss_mask_BxT: 1 on completion tokens, 0 on prompt and padding.
+        old_logp_BxT: sampler log-probs, aligned with the tokens (`losses` conventions).
+        advantages_BxS: one advantage per sequence; S = 1 unless rows are packed.
+        ref_logp_BxT: reference-policy log-probs (for the KL term), or None.
+        segment_ids_BxT: packed rows: sequence s of a row has id s + 1, padding 0; or None.
+    """
+
+    tokens_BxT: jax.Array
+    loss_mask_BxT: jax.Array
+    old_logp_BxT: jax.Array
+    advantages_BxS: jax.Array
+    ref_logp_BxT: jax.Array | None = None
+    segment_ids_BxT: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class TrainState:
+    """What the step updates: the step counter, parameters and optimizer state."""
+
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def make_schedule(cfg: OptimizerConfig) -> Callable[[jax.Array], jax.Array]:
+    """lr(s) = lr · min(1, (s + 1)/W) · d(s); d = 1, or a cosine from 1 to min_lr_ratio after W."""
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        warm = jnp.minimum(1.0, (step + 1.0) / max(cfg.warmup_steps, 1))
+        if cfg.schedule == "constant":
+            return cfg.learning_rate * warm
+        span = cfg.total_steps - cfg.warmup_steps
+        progress = jnp.clip((step - cfg.warmup_steps) / span, 0.0, 1.0)
+        cosine = 0.5 * (1.0 + jnp.cos(math.pi * progress))
+        return cfg.learning_rate * warm * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
+
+    return schedule
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on the schedule."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
+    )
+
+
+def _sequence_index(batch: Batch) -> jax.Array:
+    if batch.segment_ids_BxT is None:
+        return jnp.zeros(batch.tokens_BxT.shape, jnp.int32)
+    return jnp.maximum(batch.segment_ids_BxT.astype(jnp.int32) - 1, 0)
+
+
+def token_advantages(batch: Batch) -> jax.Array:
+    """Each token's advantage: that of the sequence it belongs to."""
+    return jnp.take_along_axis(batch.advantages_BxS, _sequence_index(batch), axis=1)
+
+
+def policy_loss(
+    params: nnx.State,
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    batch: Batch,
+    weights_BxT: jax.Array,
+    token_weights_BxT: jax.Array,
+    cfg: LossConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The weighted PPO loss (plus KL) of one micro-batch, and its weighted metric sums.
+
+    L = Σ_{b,t} w_{bt} · (ℓ^clip_{bt} + β · KL_{bt}). `weights_BxT` come from the whole
+    batch, so micro-batch losses and metrics add up to the full-batch ones;
+    `token_weights_BxT` (token-mean) weigh the metrics entropy and clip fraction.
+    """
+    model = nnx.merge(graphdef, params, rest)
+    hidden_BxTxD = model(batch.tokens_BxT, segment_ids=batch.segment_ids_BxT, return_hidden=True)
+    hidden_BxTxD = msh.constrain(hidden_BxTxD, ("batch", "seq", "act_embed"))
+    logp_BxT, entropy_BxT = losses.chunked_logprobs(
+        hidden_BxTxD, model.lm_head_weight(), batch.tokens_BxT, cfg.logp_chunk, cfg.temperature)
+    mask_BxT = batch.loss_mask_BxT > 0
+    frozen_logp_BxT = jax.lax.stop_gradient(logp_BxT)
+    # Outside the mask the stored log-probs are arbitrary; keep exp() finite there.
+    old_logp_BxT = jnp.where(mask_BxT, batch.old_logp_BxT, frozen_logp_BxT)
+    pg_BxT, clipped_BxT = losses.ppo_clip_loss(
+        logp_BxT, old_logp_BxT, token_advantages(batch), cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    pg_loss = (weights_BxT * pg_BxT).sum()
+    metrics = {
+        "pg_loss": pg_loss,
+        "entropy": (token_weights_BxT * entropy_BxT).sum(),
+        "clip_frac": (token_weights_BxT * clipped_BxT).sum(),
+        "ppo_kl": (token_weights_BxT * losses.kl_penalty(frozen_logp_BxT, old_logp_BxT, "k3")).sum(),
+    }
+    loss = pg_loss
+    if cfg.kl_coef > 0:
+        ref_logp_BxT = jnp.where(mask_BxT, batch.ref_logp_BxT, frozen_logp_BxT)
+        kl = (weights_BxT * losses.kl_penalty(logp_BxT, ref_logp_BxT, cfg.kl_estimator)).sum()
+        metrics["kl"] = kl
+        loss = loss + cfg.kl_coef * kl
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def _split_micro(x: jax.Array, m: int) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...] taking rows m, m + M, m + 2M, ... into micro-batch m."""
+    b = x.shape[0]
+    if b % m:
+        raise ValueError(f"batch of {b} rows does not split into {m} micro-batches")
+    return x.reshape(b // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    tx: optax.GradientTransformation,
+    cfg: TrainStepConfig,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One policy update with gradient accumulation over `cfg.micro_batches` (not jitted)."""
+    if cfg.loss.kl_coef > 0 and batch.ref_logp_BxT is None:
+        raise ValueError("kl_coef > 0 needs ref_logp_BxT in the batch")
+    weights_BxT = losses.loss_weights(batch.loss_mask_BxT, cfg.loss.agg_mode, batch.segment_ids_BxT,
+                                      cfg.loss.norm_constant)
+    token_weights_BxT = losses.loss_weights(batch.loss_mask_BxT, "token-mean")
+    m = cfg.micro_batches
+    micro = jax.tree.map(lambda x: _split_micro(x, m), (batch, weights_BxT, token_weights_BxT))
+
+    grad_fn = jax.value_and_grad(policy_loss, has_aux=True)
+
+    def accumulate(grads, mb):
+        mb_batch, mb_w, mb_tw = jax.tree.map(lambda x: msh.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), mb)
+        (_, metrics), g = grad_fn(state.params, graphdef, rest, mb_batch, mb_w, mb_tw, cfg.loss)
+        return jax.tree.map(jnp.add, grads, g), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    metrics = jax.tree.map(lambda x: x.sum(0), metrics)
+
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics |= {
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": make_schedule(cfg.optimizer)(state.step),
+        "tokens": batch.loss_mask_BxT.sum(),
+    }
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def _leaf_sharding(mesh: Mesh, rules: Sequence) -> Callable[[Any], NamedSharding]:
+    def one(x):
+        names = ("batch",) + (None,) * (len(x.shape) - 1) if len(x.shape) else ()
+        return NamedSharding(mesh, msh.logical_to_spec(names, rules, x.shape, mesh))
+
+    return one
+
+
+def batch_shardings(abstract_batch: Batch, mesh: Mesh, rules: Sequence = msh.RULES) -> Batch:
+    """Rows of every batch array split over the mesh axes of the logical `batch` axis."""
+    return jax.tree.map(_leaf_sharding(mesh, rules), abstract_batch)
+
+
+def state_shardings(abstract_state: TrainState, mesh: Mesh, rules: Sequence = msh.RULES) -> TrainState:
+    """Parameters and Adam moments by their logical axes; step and counters replicated."""
+    return TrainState(
+        step=NamedSharding(mesh, PartitionSpec()),
+        params=msh.state_shardings(abstract_state.params, mesh, rules),
+        opt_state=msh.state_shardings(abstract_state.opt_state, mesh, rules),
+    )
+
+
+def init_train_state(
+    model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh, rules: Sequence = msh.RULES
+) -> tuple[TrainState, nnx.GraphDef, nnx.State]:
+    """Split `model` into (graphdef, params, rest) and build the sharded train state.
+
+    Returns:
+        (state, graphdef, rest): `rest` holds the model's non-parameter variables.
+    """
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def build(p):
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+
+    abstract = jax.eval_shape(build, params)
+    shardings = state_shardings(abstract, mesh, rules)
+    params = jax.device_put(params, shardings.params)
+    with msh.use_mesh(mesh, rules):
+        state = jax.jit(build, out_shardings=shardings)(params)
+    return state, graphdef, rest
+
+
+def jit_train_step(
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    tx: optax.GradientTransformation,
+    cfg: TrainStepConfig,
+    mesh: Mesh,
+    abstract_state: TrainState,
+    abstract_batch: Batch,
+    rules: Sequence = msh.RULES,
+    wrap: Callable[[Callable], Callable] = lambda f: f,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """The jitted, sharded step; the state argument is donated.
+
+    `wrap` decorates the Python step before jit (tests pass `chex.assert_max_traces`).
+    The returned callable activates `mesh` and `rules` so activations are constrained.
+    """
+    s_shard = state_shardings(abstract_state, mesh, rules)
+    b_shard = batch_shardings(abstract_batch, mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    step = wrap(lambda state, batch: train_step(state, batch, graphdef=graphdef, rest=rest, tx=tx, cfg=cfg))
+    jitted = jax.jit(step, in_shardings=(s_shard, b_shard), out_shardings=(s_shard, replicated),
+                     donate_argnums=(0,))
+
+    def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        with msh.use_mesh(mesh, rules):
+            return jitted(state, batch)
+
+    run.lower = lambda *a: _lower(jitted, mesh, rules, *a)
+    return run
+
+
+def _lower(jitted, mesh, rules, *args):
+    with msh.use_mesh(mesh, rules):
+        return jitted.lower(*args)
