@@ -144,7 +144,26 @@ def _bwrap_command(uid: int | None) -> list[str]:
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
-    return cmd + [exe, "-I", "-S", "-c", SERVER_SOURCE, "isolated"]
+    return cmd + [exe, "-I", "-S", "-c", SERVER_SOURCE, "isolated", str(_processes_of_uid(uid))]
+
+
+def _processes_of_uid(uid: int | None) -> int:
+    """Processes (threads included) the run's real uid already has: RLIMIT_NPROC counts them too.
+
+    A dedicated sandbox uid has none; a shared user uid (no root) has the user's own.
+    """
+    if uid is not None:
+        return 0
+    me, count = os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields.get("Uid", "-1 ").split()[0]) == me:
+            count += int(fields.get("Threads", "1"))
+    return count
 
 
 class _UidLease:
@@ -218,7 +237,7 @@ class SandboxWorker:
             cmd = _bwrap_command(self._lease.uid if self._lease else None)
         else:
             exe, _ = _interpreter()
-            cmd = [exe, "-I", "-S", "-c", SERVER_SOURCE, "rlimits"]
+            cmd = [exe, "-I", "-S", "-c", SERVER_SOURCE, "rlimits", str(_processes_of_uid(None))]
         self._pending = b""
         info_r, info_w = os.pipe()
         if isolation == "bwrap":

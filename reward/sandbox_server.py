@@ -35,6 +35,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
 EXCERPT = 2048
 SCRATCH = "/tmp/.runs"
+PROCESSES_IN_USE = 0  # processes the run's uid had before it (see sandbox.py), added to its NPROC limit
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,11 +79,11 @@ def mount_tmpfs(target, size_mb):
     _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {target}")
 
 
-def set_limits(limits):
+def set_limits(limits, processes_in_use):
     cpu = int(limits["timeout_s"]) + 1
     mem = limits["memory_mb"] << 20
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem),
-                       (resource.RLIMIT_NPROC, limits["max_processes"]),
+                       (resource.RLIMIT_NPROC, limits["max_processes"] + processes_in_use),
                        (resource.RLIMIT_FSIZE, limits["max_file_mb"] << 20),
                        (resource.RLIMIT_NOFILE, limits["max_open_files"]),
                        (resource.RLIMIT_CORE, 0)):
@@ -123,7 +124,7 @@ def child_run(req, isolated, fds):
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         random.seed()
-        set_limits(req["limits"])
+        set_limits(req["limits"], PROCESSES_IN_USE)
     except BaseException:
         traceback.print_exc()
         os.write(fds["verdict_w"], b"start")
@@ -312,7 +313,9 @@ def handle(req, isolated):
 
 
 def main():
+    global PROCESSES_IN_USE
     isolated = sys.argv[1] == "isolated"
+    PROCESSES_IN_USE = int(sys.argv[2])
     if isolated:
         enter_user_namespace()
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

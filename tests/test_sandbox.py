@@ -225,3 +225,29 @@ def test_humaneval_canonical_solutions_pass_and_a_wrong_program_fails(fleet):
     wrong = Job(first["prompt"] + "    return not " + first["canonical_solution"].strip().split("return ")[-1] + "\n",
                 AssertTests(first["test"] + f"\ncheck({first['entry_point']})\n"))
     assert not fleet.run([wrong])[0].passed
+
+
+UNPRIVILEGED_SCRIPT = """
+import sys
+sys.path.insert(0, {repo!r})
+from reward.sandbox import Job, Limits, SandboxWorker
+from reward.schema import AssertTests
+worker = SandboxWorker("bwrap")
+for program, tests in [("x = 1", "assert x == 1"), ("x = 1", "assert x == 2"),
+                       ("import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass", ""),
+                       ("import os", "assert not os.path.exists({repo!r})")]:
+    print(worker.run(Job(program, AssertTests(tests), Limits(timeout_s=1.5))).status)
+worker.close()
+"""
+
+
+@pytest.mark.skipif(not IS_ROOT or not Path("/usr/bin/python3").exists(), reason="needs root to switch users")
+def test_sandbox_as_an_unprivileged_user():
+    """Without root there is no dedicated uid: bwrap makes its own user namespace instead."""
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "env", "HOME=/tmp",
+                           "/usr/bin/python3", "-"], input=UNPRIVILEGED_SCRIPT.format(repo=repo),
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.stdout.split() == ["pass", "fail", "timeout", "pass"], proc.stderr[-2000:]
