@@ -20,7 +20,6 @@ belongs to the segment of the first token.
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -109,6 +108,30 @@ def recurrent_gated_delta_rule(
     return jnp.moveaxis(o_TxBxHxV, 0, 1).astype(out_dtype), state
 
 
+def unit_lower_inverse(strict_NxN: jax.Array) -> jax.Array:
+    """(I + L)⁻¹ for strictly lower triangular L `[..., N, N]`, N a power of two, by block doubling.
+
+    With the inverses A⁻¹, B⁻¹ of the two diagonal halves known,
+    [[A, 0], [C, B]]⁻¹ = [[A⁻¹, 0], [−B⁻¹ C A⁻¹, B⁻¹]]; starting from 1×1 blocks, log₂ N
+    rounds of batched matmuls (no sequential triangular solve).
+    """
+    n = strict_NxN.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"chunk size {n} is not a power of two")
+    batch = strict_NxN.shape[:-2]
+    inv = jnp.ones(batch + (n, 1, 1), strict_NxN.dtype)  # [..., blocks, size, size]
+    size = 1
+    while size < n:
+        blocks = strict_NxN.reshape(batch + (n // (2 * size), 2 * size, n // (2 * size), 2 * size))
+        diagonal = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)
+        a_inv, b_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        corner = -jnp.matmul(b_inv, jnp.matmul(diagonal[..., size:, :size], a_inv))
+        inv = jnp.concatenate([jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], -1),
+                               jnp.concatenate([corner, b_inv], -1)], -2)
+        size *= 2
+    return inv[..., 0, :, :]
+
+
 def chunked_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -128,6 +151,7 @@ def chunked_gated_delta_rule(
 
     Only the last line is sequential (a `lax.scan` over chunks); the rest is matmuls.
     Segment boundaries zero Γ across segments and cut the state read and carry.
+    `chunk_size` must be a power of two (see `unit_lower_inverse`).
     """
     out_dtype = q.dtype
     batch, length = q.shape[:2]
@@ -157,12 +181,10 @@ def chunked_gated_delta_rule(
 
     k_beta = k * beta[..., None]
     strict = jnp.tril(jnp.einsum("bhncd,bhnsd->bhncs", k_beta, k) * big_gamma, -1)
-    unit_lower = strict + jnp.eye(chunk_size, dtype=jnp.float32)
+    t_inv = unit_lower_inverse(strict)
     gamma = jnp.exp(log_gamma)
-    u = solve_triangular(unit_lower, v * beta[..., None], lower=True, unit_diagonal=True)
-    w = solve_triangular(
-        unit_lower, k_beta * (gamma * reads_state)[..., None], lower=True, unit_diagonal=True
-    )
+    u = jnp.einsum("bhncs,bhnsv->bhncv", t_inv, v * beta[..., None])
+    w = jnp.einsum("bhncs,bhnsk->bhnck", t_inv, k_beta * (gamma * reads_state)[..., None])
     intra = jnp.einsum("bhncd,bhnsd->bhncs", q, k) * big_gamma
     q_read = q * (gamma * reads_state)[..., None]
     k_write = k * (jnp.exp(log_gamma[..., -1:] - log_gamma) * reaches_end)[..., None]

@@ -67,6 +67,13 @@ def test_chunked_equals_recurrent(length, chunk):
     np.testing.assert_allclose(s, s_rec, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 2, 16, 64])
+def test_unit_lower_inverse_matches_numpy(n):
+    strict = np.tril(np.random.default_rng(n).standard_normal((3, n, n)), -1).astype(np.float32) * 0.5
+    expect = np.linalg.inv(strict.astype(np.float64) + np.eye(n))
+    np.testing.assert_allclose(gd.unit_lower_inverse(strict), expect, atol=1e-5 * np.abs(expect).max(), rtol=0)
+
+
 def test_gradients_of_chunked_equal_recurrent():
     x = _inputs(7, 1, 40)
 
@@ -178,3 +185,16 @@ def test_conv_state_continues_and_segments_isolate():
         np.testing.assert_allclose(y_seg[:, lo:hi], y_ref, atol=1e-6, rtol=1e-6)
     np.testing.assert_array_equal(state_seg[:, 0], 0.0)
     np.testing.assert_array_equal(state_seg[:, 1:], state_ref[:, 1:])
+
+
+def test_chunked_is_stable_for_nearly_parallel_keys():
+    """Keys that barely change, β near 1 and almost no decay: the worst case for the UT inverse."""
+    x = _inputs(13, 1, 128)
+    base = x["k"][:, :1]
+    x["k"] = base + 0.01 * x["k"]
+    x["beta"] = np.full_like(x["beta"], 0.99)
+    x["g"] = np.full_like(x["g"], -1e-4)
+    o_rec, s_rec = _jax(gd.recurrent_gated_delta_rule, x)
+    o, s = _jax(gd.chunked_gated_delta_rule, x)
+    np.testing.assert_allclose(o, o_rec, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(s, s_rec, atol=1e-4, rtol=1e-4)
