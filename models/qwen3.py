@@ -139,10 +139,15 @@ class Qwen3(nnx.Module):
     `decode.Cache`; the call then returns `(out, new_cache)`), and
     `return_hidden` (final-normed hidden states `[B, T, D]` instead of logits;
     pair with `lm_head_weight()` for chunked log-probs).
+
+    `remat` (default on) recomputes each layer's activations in the backward
+    pass, keeping only the residual stream between layers; it changes no
+    value and costs nothing without a gradient. On the CPU it is also faster
+    than saving a scan's per-layer residuals.
     """
 
     def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
-                 remat: bool = False):
+                 remat: bool = True):
         param_dtype = param_dtype or dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.config = cfg

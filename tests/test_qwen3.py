@@ -142,6 +142,7 @@ def test_layers_are_stacked_and_remat_keeps_gradients():
     def loss(m):
         return jnp.mean(jax.nn.log_softmax(m(ids))[..., 0])
 
+    model.remat = False
     g1 = nnx.jit(nnx.grad(loss))(model)
     model.remat = True
     g2 = nnx.jit(nnx.grad(loss))(model)
