@@ -331,6 +331,30 @@ def init_train_state(
     return state, graphdef, rest
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedStep:
+    """The jitted step and its mesh; calling or lowering it activates the mesh and rules.
+
+    Attributes:
+        jitted: `jax.jit(step, in_shardings, out_shardings, donate_argnums=0)`.
+        mesh: the device mesh.
+        rules: logical-axis rules, so that activations are constrained while tracing.
+    """
+
+    jitted: Any
+    mesh: Mesh
+    rules: tuple
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        with msh.use_mesh(self.mesh, self.rules):
+            return self.jitted(state, batch)
+
+    def lower(self, state: Any, batch: Any) -> jax.stages.Lowered:
+        """Lower ahead of time (for `.compile()`, cost and memory analysis)."""
+        with msh.use_mesh(self.mesh, self.rules):
+            return self.jitted.lower(state, batch)
+
+
 def jit_train_step(
     graphdef: nnx.GraphDef,
     rest: nnx.State,
@@ -341,11 +365,10 @@ def jit_train_step(
     abstract_batch: Batch,
     rules: Sequence = msh.RULES,
     wrap: Callable[[Callable], Callable] = lambda f: f,
-) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+) -> ShardedStep:
     """The jitted, sharded step; the state argument is donated.
 
     `wrap` decorates the Python step before jit (tests pass `chex.assert_max_traces`).
-    The returned callable activates `mesh` and `rules` so activations are constrained.
     """
     s_shard = state_shardings(abstract_state, mesh, rules)
     b_shard = batch_shardings(abstract_batch, mesh, rules)
@@ -353,15 +376,4 @@ def jit_train_step(
     step = wrap(lambda state, batch: train_step(state, batch, graphdef=graphdef, rest=rest, tx=tx, cfg=cfg))
     jitted = jax.jit(step, in_shardings=(s_shard, b_shard), out_shardings=(s_shard, replicated),
                      donate_argnums=(0,))
-
-    def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        with msh.use_mesh(mesh, rules):
-            return jitted(state, batch)
-
-    run.lower = lambda *a: _lower(jitted, mesh, rules, *a)
-    return run
-
-
-def _lower(jitted, mesh, rules, *args):
-    with msh.use_mesh(mesh, rules):
-        return jitted.lower(*args)
+    return ShardedStep(jitted, mesh, tuple(rules))
