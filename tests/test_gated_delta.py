@@ -1,5 +1,6 @@
 """The JAX gated delta rule and causal conv1d against transformers' PyTorch reference functions."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,9 +35,15 @@ def _torch(fn, x, **kwargs):
     return o.numpy(), s.numpy()
 
 
+@functools.partial(jax.jit, static_argnames=("fn", "chunk_size"))
+def _run(fn, q, k, v, g, beta, state, segment_ids=None, chunk_size=None):
+    kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return fn(gd.l2_normalize(q), gd.l2_normalize(k), v, g, beta, initial_state=state, segment_ids=segment_ids,
+              **kwargs)
+
+
 def _jax(fn, x, **kwargs):
-    q, k = gd.l2_normalize(x["q"]), gd.l2_normalize(x["k"])
-    o, s = fn(q, k, x["v"], x["g"], x["beta"], initial_state=x["state"], **kwargs)
+    o, s = _run(fn, x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], **kwargs)
     return np.asarray(o), np.asarray(s)
 
 
@@ -71,7 +78,7 @@ def test_chunked_equals_recurrent(length, chunk):
 def test_unit_lower_inverse_matches_numpy(n):
     strict = np.tril(np.random.default_rng(n).standard_normal((3, n, n)), -1).astype(np.float32) * 0.5
     expect = np.linalg.inv(strict.astype(np.float64) + np.eye(n))
-    np.testing.assert_allclose(gd.unit_lower_inverse(strict), expect, atol=1e-5 * np.abs(expect).max(), rtol=0)
+    np.testing.assert_allclose(jax.jit(gd.unit_lower_inverse)(strict), expect, atol=1e-5 * np.abs(expect).max(), rtol=0)
 
 
 def test_gradients_of_chunked_equal_recurrent():
@@ -82,22 +89,22 @@ def test_gradients_of_chunked_equal_recurrent():
         return jnp.sum(o * o) + jnp.sum(jnp.sin(s))
 
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    grads_rec = jax.grad(loss, argnums=(1, 2, 3, 4, 5))(gd.recurrent_gated_delta_rule, *args)
-    grads = jax.grad(loss, argnums=(1, 2, 3, 4, 5))(gd.chunked_gated_delta_rule, *args, chunk_size=16)
+    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4, 5)), static_argnums=0, static_argnames="chunk_size")
+    grads_rec = grad(gd.recurrent_gated_delta_rule, *args)
+    grads = grad(gd.chunked_gated_delta_rule, *args, chunk_size=16)
     for a, b in zip(grads, grads_rec):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fn", ["chunked", "recurrent"])
-def test_packed_segments_equal_separate_sequences(fn):
-    rule = {
-        "chunked": lambda *a, **kw: gd.chunked_gated_delta_rule(*a, chunk_size=16, **kw),
-        "recurrent": gd.recurrent_gated_delta_rule,
-    }[fn]
+@pytest.mark.parametrize(("rule", "kwargs"), [
+    (gd.chunked_gated_delta_rule, {"chunk_size": 16}),
+    (gd.recurrent_gated_delta_rule, {}),
+])
+def test_packed_segments_equal_separate_sequences(rule, kwargs):
     lengths = [(23, 50, 7), (1, 2, 77)]
     x = _inputs(11, 2, 80)
     seg = np.stack([np.repeat(np.arange(3), ls) for ls in lengths])
-    o, s = _jax(rule, x, segment_ids=seg)
+    o, s = _jax(rule, x, segment_ids=seg, **kwargs)
     for row, ls in enumerate(lengths):
         start = 0
         for i, n in enumerate(ls):
@@ -128,7 +135,7 @@ def test_bf16_inputs_stay_close_to_float32():
     o32, _ = _jax(gd.chunked_gated_delta_rule, x)
     x16 = {n: jnp.asarray(a, jnp.bfloat16) for n, a in x.items()}
     q, k = gd.l2_normalize(x16["q"]), gd.l2_normalize(x16["k"])
-    o16, s16 = gd.chunked_gated_delta_rule(
+    o16, s16 = jax.jit(gd.chunked_gated_delta_rule)(
         q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), x16["v"], x16["g"], x16["beta"], x16["state"]
     )
     assert o16.dtype == jnp.bfloat16 and s16.dtype == jnp.float32
