@@ -9,8 +9,9 @@ where the device's peak is known (GPU, TPU). With --json the last line is
 XLA's cost analysis counts the body of a while loop once, whatever its trip
 count, and the step has three loops (micro-batches, decoder layers, log-prob
 chunks). `flops_per_step` is therefore XLA's count for the same step lowered
-with one micro-batch and one chunk, plus (layers − 1) times XLA's count for one
-decoder layer's forward and backward. The raw figure is printed too.
+with one micro-batch, one chunk and no layer rematerialization (model FLOPs, as
+in PaLM's MFU), plus (layers − 1) times XLA's count for one decoder layer's
+forward and backward. The raw figure of the step as run is printed too.
 
     python scripts/bench_train_step.py --json
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python scripts/bench_train_step.py --mesh 2,2,2
@@ -144,8 +145,12 @@ def main() -> None:
     compile_s = time.perf_counter() - t
     memory = compiled.memory_analysis()
     raw_flops = xla_flops(step.lower(abstract(state), abstract(batch)))
+    # Model FLOPs (PaLM's MFU): counted on the same step without layer rematerialization.
+    no_remat = nnx.eval_shape(lambda: Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0), remat=False))
+    count_graphdef, _, count_rest = nnx.split(no_remat, nnx.Param, ...)
     one_loop_cfg = ts.TrainStepConfig(loss=ts.LossConfig(logp_chunk=args.seq), optimizer=step_cfg.optimizer)
-    one_loop = ts.jit_train_step(graphdef, rest, tx, one_loop_cfg, mesh, abstract(state), abstract(batch))
+    one_loop = ts.jit_train_step(count_graphdef, count_rest, tx, one_loop_cfg, mesh, abstract(state),
+                                 abstract(batch))
     flops = (xla_flops(one_loop.lower(abstract(state), abstract(batch)))
              + (cfg.num_hidden_layers - 1) * layer_flops(cfg, args.batch, args.seq, dtype))
 
