@@ -123,13 +123,14 @@ class Decoder:
 
     def __init__(self, model: nnx.Module):
         self.graphdef, self.state = nnx.split(model)
-        self._model = model
+        self._init_cache = jax.jit(model.init_cache, static_argnums=(0, 1, 2))
         self.prefill = jax.jit(self._prefill)
         self.step = jax.jit(self._step, donate_argnames=("cache",))
         self._loop = jax.jit(self._loop_impl, static_argnames=("max_new_tokens", "params"))
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> Cache:
-        return self._model.init_cache(batch, max_len, dtype)
+        """An empty cache, created under jit so that an active mesh shards it (batch, kv heads)."""
+        return self._init_cache(batch, max_len, dtype)
 
     def _prefill(self, state, cache: Cache, ids: Array, mask: Array) -> tuple[Array, Cache]:
         """Run the prompt `[B, P]` through the model; returns last-position logits `[B, V]`."""

@@ -226,7 +226,8 @@ class KVCache:
     def zeros(batch: int, length: int, kv_heads: int, head_dim: int, dtype: Dtype, layers: tuple[int, ...] = ()
               ) -> KVCache:
         shape = (*layers, batch, length, kv_heads, head_dim)
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        names = (None,) * len(layers) + ("batch", "cache_seq", "act_kv_heads", None)
+        return KVCache(constrain(jnp.zeros(shape, dtype), names), constrain(jnp.zeros(shape, dtype), names))
 
 
 class Attention(nnx.Module):

@@ -82,6 +82,16 @@ def test_loads_straight_onto_mesh_shards(tiny):
         np.testing.assert_array_equal(a[key], b[key], err_msg=str(key))
 
 
+def test_saving_a_sharded_model_gathers_every_parameter(tiny, tmp_path):
+    path, _ = tiny
+    sharded = models.from_pretrained(path, mesh=models.make_mesh(2, 2, 2))
+    models.save_pretrained(sharded, tmp_path / "s")
+    src, out = SafetensorsDir(path), SafetensorsDir(tmp_path / "s")
+    assert sorted(src.keys()) == sorted(out.keys())
+    for k in src.keys():
+        np.testing.assert_array_equal(np.asarray(src[k]), np.asarray(out[k]), err_msg=k)
+
+
 @pytest.mark.parametrize("split,transpose,shape", [
     ((1, 2), True, (6, 4, 3)),   # q_proj: ours [D, N, H] ← HF [N*H, D]
     ((2, 1), True, (4, 3, 6)),   # o_proj: ours [N, H, D] ← HF [D, N*H]

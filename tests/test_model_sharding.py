@@ -94,3 +94,20 @@ def test_constrain_is_identity_without_a_mesh():
     x = jnp.ones((2, 3))
     assert sharding.constrain(x, ("batch", "seq")) is x
     assert sharding.current_mesh() is None
+
+
+def test_greedy_decode_on_2x2x2_mesh_equals_single_device():
+    from models.decode import Decoder
+
+    ref = Qwen3(CFG, rngs=nnx.Rngs(0))
+    mesh = sharding.make_mesh(2, 2, 2)
+    model = sharding.init_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), mesh)
+    ids = jnp.asarray(np.random.RandomState(1).randint(1, 128, (4, 6)), jnp.int32)
+    mask = jnp.ones_like(ids).at[0, :2].set(0)
+    want = Decoder(ref).generate(ids, mask, max_new_tokens=6)["tokens"]
+    with sharding.use_mesh(mesh):
+        dec = Decoder(model)
+        cache = dec.init_cache(4, 12)
+        assert cache.layers.k.sharding.spec[1] == ("data", "fsdp")
+        got = dec.generate(ids, mask, max_new_tokens=6)["tokens"]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
