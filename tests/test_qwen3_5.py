@@ -80,7 +80,7 @@ def test_config_reads_text_and_multimodal_json():
 
 def test_logits_match_transformers_fp32(hf_dir, ours):
     ids = _ids(0, (2, 70))
-    got = np.asarray(_forward(ours, jnp.asarray(ids)))
+    got = np.asarray(_forward(ours, jnp.asarray(ids), attention_mask=jnp.ones((2, 70), jnp.int32)))
     ref = _hf_logits(hf_dir[1], ids)
     assert got.shape == (2, 70, VOCAB)
     assert np.abs(got - ref).max() <= 1e-4
@@ -92,7 +92,7 @@ def test_left_padding_matches_transformers(hf_dir, ours):
     mask[1, :9] = 0
     positions = np.maximum(mask.cumsum(1) - 1, 0)
     ref = _hf_logits(hf_dir[1], ids, attention_mask=mask, position_ids=positions)
-    got = np.asarray(_forward(ours, jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    got = np.asarray(_forward(ours, jnp.asarray(ids), attention_mask=jnp.asarray(mask, jnp.int32)))
     real = mask.astype(bool)
     assert np.abs(got[real] - ref[real]).max() <= 1e-4
 
