@@ -45,6 +45,7 @@ _HF_DEFAULTS = {
     "max_position_embeddings": 32768,
     "linear_conv_kernel_dim": 4,
     "full_attention_interval": 4,
+    "attn_output_gate": True,
     "bos_token_id": None,
     "eos_token_id": None,
     "pad_token_id": None,
@@ -123,6 +124,8 @@ class Qwen3_5Config:
         text = {**_HF_DEFAULTS, **(hf["text_config"] if model_type == "qwen3_5" else hf)}
         if text["hidden_act"] != "silu":
             raise NotImplementedError(f"hidden_act {text['hidden_act']!r} (only silu)")
+        if not text["attn_output_gate"]:
+            raise NotImplementedError("attention without the output gate (attn_output_gate false)")
         rope = text.get("rope_parameters") or {k: text[k] for k in ("rope_theta",) if k in text}
         if rope.get("rope_type", "default") != "default":
             raise NotImplementedError(f"rope_type {rope['rope_type']!r} (only default)")

@@ -78,6 +78,33 @@ def test_config_reads_text_and_multimodal_json():
     assert odd.groups == (2, ((LINEAR, 1), (FULL, 2), (LINEAR, 1)))
 
 
+def test_config_reads_a_released_style_multimodal_config():
+    """The shape of a released Qwen3.5-9B config.json: mrope fields, MTP and vision keys alongside."""
+    text = {
+        "model_type": "qwen3_5_text", "attention_bias": False, "attn_output_gate": True, "eos_token_id": 248044,
+        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 12288, "layer_types": [LINEAR, LINEAR, LINEAR, FULL] * 8,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_value_head_dim": 128, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "num_hidden_layers": 32, "rms_norm_eps": 1e-6, "vocab_size": 248320,
+        "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 1,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    }
+    hf = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+          "vision_config": {"depth": 27}, "tie_word_embeddings": False}
+    cfg = Qwen3_5Config.from_hf(hf)
+    assert cfg.groups == (8, ((LINEAR, 3), (FULL, 1)))
+    assert (cfg.rope_theta, cfg.partial_rotary_factor, cfg.conv_dim, cfg.eos_token_id) == (1e7, 0.25, 8192, 248044)
+    model = nnx.eval_shape(lambda: Qwen3_5(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    assert model.layers.runs[0].linear_attn.conv1d.weight.shape == (8, 3, 8192, 1, 4)
+    assert model.layers.runs[1].self_attn.q_proj.kernel.shape == (8, 1, 4096, 16, 512)
+    written = cfg.to_hf()
+    assert written["text_config"]["rope_parameters"]["mrope_section"] == [11, 11, 10]
+    with pytest.raises(NotImplementedError):
+        Qwen3_5Config.from_hf(text | {"attn_output_gate": False})
+
+
 def test_logits_match_transformers_fp32(hf_dir, ours):
     ids = _ids(0, (2, 70))
     got = np.asarray(_forward(ours, jnp.asarray(ids), attention_mask=jnp.ones((2, 70), jnp.int32)))
