@@ -4,8 +4,9 @@ Rewards arrive as a tensor `rewards_NxGxK`: N prompts, G rollouts per prompt (a
 group), K reward terms (PreciseCoder: `[unit, f1]` with weights `[1 - λ, λ]`).
 Every estimator returns one advantage per rollout, `adv_NxG`.
 
-Statistics are population statistics (ddof = 0); `eps` is added to the standard
-deviation, so a term that is constant within its group contributes exactly 0.
+Statistics are population statistics (ddof = 0) unless an estimator's `ddof`
+says otherwise; `eps` is added to the standard deviation, so a term that is
+constant within its group contributes exactly 0.
 
 A researcher adds an estimator with one decorated function:
 
@@ -34,14 +35,21 @@ _ESTIMATORS: dict[str, Estimator] = {}
 _POSITIONAL = ("rewards_NxGxK", "weights_K", "lengths_NxG")
 
 
-def grpo(rewards_NxG: jax.Array, eps: float = 1e-6) -> jax.Array:
+def _group_std(rewards_NxGx: jax.Array, ddof: int) -> jax.Array:
+    g = rewards_NxGx.shape[1]
+    if g <= ddof:
+        raise ValueError(f"a group of {g} has no std with ddof={ddof}")
+    return rewards_NxGx.std(axis=1, keepdims=True, ddof=ddof)
+
+
+def grpo(rewards_NxG: jax.Array, eps: float = 1e-6, ddof: int = 0) -> jax.Array:
     """GRPO: rewards standardized within each group.
 
-    A_i = (r_i − mean_j r_j) / (std_j r_j + ε), std with ddof = 0.
+    A_i = (r_i − mean_j r_j) / (std_j r_j + ε); population std (ddof = 0) by default,
+    ddof = 1 gives the unbiased std of verl and TRL.
     """
     mean_Nx1 = rewards_NxG.mean(axis=1, keepdims=True)
-    std_Nx1 = rewards_NxG.std(axis=1, keepdims=True)
-    return (rewards_NxG - mean_Nx1) / (std_Nx1 + eps)
+    return (rewards_NxG - mean_Nx1) / (_group_std(rewards_NxG, ddof) + eps)
 
 
 def drgrpo(rewards_NxG: jax.Array) -> jax.Array:
@@ -82,6 +90,7 @@ def gdpo(
     weights_K: jax.Array,
     eps: float = 1e-6,
     lengths_NxG: jax.Array | None = None,
+    ddof: int = 0,
 ) -> jax.Array:
     """GDPO: group-decoupled normalization of each reward term, then batch standardization.
 
@@ -91,11 +100,11 @@ def gdpo(
 
     With `lengths_NxG` (completion tokens per rollout), μ_B and σ_B are token-weighted
     (every token of a rollout carries its advantage; verl's `masked_whiten` variant,
-    here with population variance and σ + ε like the rest of this module).
+    here with population variance and σ + ε like the rest of this module). `ddof`
+    applies to the group std (the batch statistics stay population ones).
     """
     mean_Nx1xK = rewards_NxGxK.mean(axis=1, keepdims=True)
-    std_Nx1xK = rewards_NxGxK.std(axis=1, keepdims=True)
-    per_term_NxGxK = (rewards_NxGxK - mean_Nx1xK) / (std_Nx1xK + eps)
+    per_term_NxGxK = (rewards_NxGxK - mean_Nx1xK) / (_group_std(rewards_NxGxK, ddof) + eps)
     summed_NxG = per_term_NxGxK @ jnp.asarray(weights_K, rewards_NxGxK.dtype)
     return _batch_standardize(summed_NxG, eps, lengths_NxG)
 
@@ -155,9 +164,9 @@ def get_estimator(name: str) -> Estimator:
 
 
 @register_estimator("grpo")
-def _grpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6):
+def _grpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, ddof: int = 0):
     """GRPO on the weighted sum of the reward terms."""
-    return grpo(rewards_NxGxK @ weights_K, eps)
+    return grpo(rewards_NxGxK @ weights_K, eps, ddof)
 
 
 @register_estimator("drgrpo")
@@ -173,9 +182,10 @@ def _rloo(rewards_NxGxK, weights_K, lengths_NxG):
 
 
 @register_estimator("gdpo")
-def _gdpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, token_weighted: bool = False):
+def _gdpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, token_weighted: bool = False,
+          ddof: int = 0):
     """GDPO over the K terms; `token_weighted` selects verl's token-weighted batch statistics."""
-    return gdpo(rewards_NxGxK, weights_K, eps, lengths_NxG if token_weighted else None)
+    return gdpo(rewards_NxGxK, weights_K, eps, lengths_NxG if token_weighted else None, ddof)
 
 
 @register_estimator("ea_grpo")

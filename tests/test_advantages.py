@@ -88,6 +88,19 @@ def test_grpo_hand_values():
     np.testing.assert_allclose(A.rloo(jnp.array([[3.0, 1.0, 2.0]]))[0], [1.5, -1.5, 0.0])
 
 
+def test_ddof_option():
+    r = _random_rewards(10, (3, 5))
+    want = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + EPS)
+    np.testing.assert_allclose(A.grpo(jnp.asarray(r), ddof=1), want, rtol=1e-5, atol=1e-5)
+    r3 = _random_rewards(11, (3, 5, 2))
+    s = sum(w * (r3[..., k] - r3[..., k].mean(1, keepdims=True)) / (r3[..., k].std(1, ddof=1, keepdims=True) + EPS)
+            for k, w in enumerate((0.6, 0.4)))
+    np.testing.assert_allclose(A.gdpo(jnp.asarray(r3), jnp.array([0.6, 0.4]), ddof=1),
+                               (s - s.mean()) / (s.std() + EPS), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="ddof"):
+        A.grpo(jnp.ones((2, 1)), ddof=1)
+
+
 def test_constant_group_and_g1_give_zero():
     for fn in (A.grpo, A.drgrpo, A.rloo):
         assert np.all(np.asarray(fn(jnp.asarray(DEGENERATE["all_equal"]))) == 0.0)
