@@ -107,7 +107,7 @@ def bench_decode(a, hf, ours) -> tuple[float, float]:
 
 def compile_time(a, layers: int) -> float:
     cfg = Qwen3Config.from_hf(_hf_config(a, layers).to_dict())
-    model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0), remat=a.remat))
     graphdef, state = nnx.split(model)
     ids = jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32)
 
@@ -135,6 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--remat", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute layer activations in the backward pass (our default)")
     p.add_argument("--compile-depths", default="4,32", help="comma-separated depths to time compiles for ('' skips)")
     a = p.parse_args(argv)
 
@@ -143,10 +145,10 @@ def main(argv=None) -> int:
     hf = Qwen3ForCausalLM(_hf_config(a, a.layers)).eval()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
-        ours = models.from_pretrained(d)
+        ours = models.from_pretrained(d, remat=a.remat)
 
     print(f"config: vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
-          f" x {a.head_dim}; cpu threads {os.cpu_count()}, jax {jax.__version__}, torch {torch.__version__}")
+          f" x {a.head_dim}, remat {a.remat}; load average {os.getloadavg()[0]:.1f}; cpu threads {os.cpu_count()}, jax {jax.__version__}, torch {torch.__version__}")
     ours_train, torch_train = bench_train(a, hf, ours)
     print(f"train fwd+bwd  batch {a.batch} x {a.seq}: ours {ours_train:,.0f} tok/s, torch {torch_train:,.0f} tok/s,"
           f" ratio {ours_train / torch_train:.2f}")
