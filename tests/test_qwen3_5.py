@@ -206,20 +206,22 @@ def test_gradients_with_remat_match_transformers(hf_dir):
 
 
 def test_decoding_matches_full_forward_and_transformers_generate(hf_dir, ours):
-    """Prefill + steps give the full forward's logits; greedy tokens equal transformers' generate."""
+    """Prefill, a multi-token continuation and steps give the full forward's logits;
+    greedy tokens equal transformers' generate."""
     prompt, mask = _ids(6, (2, 11)), np.ones((2, 11), np.int64)
     mask[1, :3] = 0
     dec = decode.Decoder(ours)
     cache = dec.init_cache(2, 24)
     logits, cache = dec.prefill(dec.state, cache, jnp.asarray(prompt), jnp.asarray(mask))
     follow = _ids(7, (2, 6))
-    steps = [np.asarray(logits)]
-    for t in range(6):
+    chunk, cache = _forward(ours, jnp.asarray(follow[:, :3]), cache=cache)
+    got = [np.asarray(logits)[:, None], np.asarray(chunk)]
+    for t in range(3, 6):
         logits, cache = dec.step(dec.state, cache, jnp.asarray(follow[:, t]))
-        steps.append(np.asarray(logits))
+        got.append(np.asarray(logits)[:, None])
     full_ids, full_mask = np.concatenate([prompt, follow], 1), np.pad(mask, ((0, 0), (0, 6)), constant_values=1)
     full = np.asarray(_forward(ours, jnp.asarray(full_ids), attention_mask=jnp.asarray(full_mask)))
-    assert np.abs(np.stack(steps, 1) - full[:, 10:]).max() <= 1e-5
+    assert np.abs(np.concatenate(got, 1) - full[:, 10:]).max() <= 1e-5
 
     with torch.no_grad():
         ref = hf_dir[1].generate(torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask), max_new_tokens=12,
