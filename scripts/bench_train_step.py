@@ -15,6 +15,9 @@ forward and backward. The raw figure of the step as run is printed too.
 
     python scripts/bench_train_step.py --json
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python scripts/bench_train_step.py --mesh 2,2,2
+
+With --topology (needs libtpu, the `tpu` extra) the step is only compiled ahead
+of time for that TPU slice, on this machine, and XLA's per-device memory is printed.
 """
 
 from __future__ import annotations
@@ -71,9 +74,9 @@ def xla_flops(lowered: jax.stages.Lowered) -> float:
     return float(cost["flops"])
 
 
-def layer_flops(cfg: Qwen3Config, batch: int, seq: int, dtype) -> float:
+def layer_flops(cfg: Qwen3Config, batch: int, seq: int, dtype, param_dtype) -> float:
     """XLA's FLOPs for one decoder layer's forward and backward (inputs and parameters)."""
-    graphdef, params = nnx.split(Qwen3Block(cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(Qwen3Block(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
     positions = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
     rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
     mask = AttnMask.full(jnp.ones((batch, seq), jnp.int32))
@@ -106,6 +109,38 @@ def make_batch(cfg: Qwen3Config, batch: int, seq: int, prompt: int, seed: int = 
     return ts.Batch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(old), jnp.asarray(adv))
 
 
+def compile_for_topology(args, cfg, make_model, step_cfg, tx, mesh_shape) -> None:
+    """Compile the step ahead of time for a TPU slice and print XLA's per-device memory."""
+    from jax.experimental import topologies
+
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
+    mesh = msh.make_mesh(*mesh_shape, devices=devices)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+    abstract_state = jax.eval_shape(lambda p: ts.TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
+    f32 = lambda: jax.ShapeDtypeStruct((args.batch, args.seq), jnp.float32)  # noqa: E731
+    abstract_batch = ts.Batch(jax.ShapeDtypeStruct((args.batch, args.seq), jnp.int32), f32(), f32(),
+                              jax.ShapeDtypeStruct((args.batch, 1), jnp.float32))
+    step = ts.jit_train_step(graphdef, rest, tx, step_cfg, mesh, abstract_state, abstract_batch)
+    t = time.perf_counter()
+    memory = step.lower(abstract_state, abstract_batch).compile().memory_analysis()
+    gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+    rows = [
+        ("target", f"{args.topology}: {len(devices)} x {devices[0].device_kind}, mesh {dict(mesh.shape)}"),
+        ("model", f"Qwen3 d={cfg.hidden_size} L={cfg.num_hidden_layers} V={cfg.vocab_size} {args.dtype} "
+                  f"(params {args.param_dtype}), {sum(x.size for x in jax.tree.leaves(params)) / 1e9:.2f}B params"),
+        ("batch", f"{args.batch} x {args.seq} tokens, {args.micro_batches} micro-batch(es)"),
+        ("compile (on this CPU)", f"{time.perf_counter() - t:.1f} s"),
+        ("per device: arguments", gib(memory.argument_size_in_bytes)),
+        ("per device: temporaries", gib(memory.temp_size_in_bytes)),
+        ("per device: outputs (aliased)", f"{gib(memory.output_size_in_bytes)} "
+                                         f"({gib(memory.alias_size_in_bytes)})"),
+        ("FLOPs/step (analytic matmuls, 3x forward)", f"{model_flops(cfg, args.batch, args.seq):.3e}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=8)
@@ -116,24 +151,36 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--intermediate", type=int, default=None, help="MLP width (default 3 x hidden)")
+    p.add_argument("--head-dim", type=int, default=None, help="default hidden / heads")
+    p.add_argument("--tie", action="store_true", help="tie the LM head to the embedding")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
+    p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--logp-chunk", type=int, default=128)
     p.add_argument("--mesh", default="1,-1,1", help="data,fsdp,tensor sizes (one may be -1)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--topology", default=None, help="e.g. v5p:4x4x4: only compile for this TPU slice")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     args = p.parse_args()
 
-    cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+    cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden,
+                      intermediate_size=args.intermediate or 3 * args.hidden,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads, rope_theta=1e6)
-    dtype = jnp.dtype(args.dtype)
+                      num_key_value_heads=args.kv_heads, head_dim=args.head_dim or args.hidden // args.heads,
+                      rope_theta=1e6, tie_word_embeddings=args.tie)
+    dtype, param_dtype = jnp.dtype(args.dtype), jnp.dtype(args.param_dtype)
     step_cfg = ts.TrainStepConfig(micro_batches=args.micro_batches, loss=ts.LossConfig(logp_chunk=args.logp_chunk))
     tx = ts.make_optimizer(step_cfg.optimizer)
+    make_model = lambda **kw: Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0), **kw)  # noqa: E731
+    mesh_shape = tuple(int(s) for s in args.mesh.split(","))
+    if args.topology:
+        compile_for_topology(args, cfg, make_model, step_cfg, tx, mesh_shape)
+        return
 
     # mesh, state and batch
-    mesh = msh.make_mesh(*(int(s) for s in args.mesh.split(",")))
-    state, graphdef, rest = ts.init_train_state(Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0)), tx, mesh)
+    mesh = msh.make_mesh(*mesh_shape)
+    state, graphdef, rest = ts.init_train_state(make_model(), tx, mesh)
     batch = jax.device_put(make_batch(cfg, args.batch, args.seq, args.prompt),
                            ts.batch_shardings(make_batch(cfg, args.batch, args.seq, args.prompt), mesh))
     abstract = lambda x: jax.eval_shape(lambda y: y, x)  # noqa: E731
@@ -146,13 +193,13 @@ def main() -> None:
     memory = compiled.memory_analysis()
     raw_flops = xla_flops(step.lower(abstract(state), abstract(batch)))
     # Model FLOPs (PaLM's MFU): counted on the same step without layer rematerialization.
-    no_remat = nnx.eval_shape(lambda: Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0), remat=False))
+    no_remat = nnx.eval_shape(lambda: make_model(remat=False))
     count_graphdef, _, count_rest = nnx.split(no_remat, nnx.Param, ...)
     one_loop_cfg = ts.TrainStepConfig(loss=ts.LossConfig(logp_chunk=args.seq), optimizer=step_cfg.optimizer)
     one_loop = ts.jit_train_step(count_graphdef, count_rest, tx, one_loop_cfg, mesh, abstract(state),
                                  abstract(batch))
     flops = (xla_flops(one_loop.lower(abstract(state), abstract(batch)))
-             + (cfg.num_hidden_layers - 1) * layer_flops(cfg, args.batch, args.seq, dtype))
+              + (cfg.num_hidden_layers - 1) * layer_flops(cfg, args.batch, args.seq, dtype, param_dtype))
 
     # the pieces, each jitted on the same shardings
     w = losses.loss_weights(batch.loss_mask_BxT, step_cfg.loss.agg_mode)
@@ -190,8 +237,8 @@ def main() -> None:
     mfu = None if peak is None else flops / step_s / (peak * n_dev)
     rows = [
         ("device", f"{jax.devices()[0].device_kind} x{n_dev}, mesh {dict(mesh.shape)}"),
-        ("model", f"Qwen3 d={cfg.hidden_size} L={cfg.num_hidden_layers} V={cfg.vocab_size} {args.dtype}, "
-                  f"{sum(x.size for x in jax.tree.leaves(state.params)) / 1e6:.2f}M params"),
+        ("model", f"Qwen3 d={cfg.hidden_size} L={cfg.num_hidden_layers} V={cfg.vocab_size} {args.dtype} "
+                  f"(params {args.param_dtype}), {sum(x.size for x in jax.tree.leaves(state.params)) / 1e6:.2f}M params"),
         ("batch", f"{args.batch} x {args.seq} tokens, {args.micro_batches} micro-batch(es)"),
         ("compile", f"{compile_s:.2f} s"),
         ("step", f"{step_s * 1e3:.1f} ms"),
