@@ -123,8 +123,8 @@ class Qwen3Block(nnx.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, **kw)
 
     def __call__(self, x: Array, rope: tuple[Array, Array], mask: AttnMask, cache: KVCache | None = None,
-                 cache_index: Array | None = None) -> tuple[Array, KVCache | None]:
-        h, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, cache_index)
+                 cache_index: Array | None = None, layer: Array | None = None) -> tuple[Array, KVCache | None]:
+        h, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, cache_index, layer)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return constrain(x, ("batch", "seq", "act_embed")), cache
@@ -196,11 +196,14 @@ class Qwen3(nnx.Module):
             kv = cache.layers
         rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
 
-        def body(layer, h, layer_kv):
-            h, layer_kv = layer(h, rope, mask, layer_kv, index)
-            return h, layer_kv
+        # The stacked KV cache rides in the scan carry, so each layer writes its new
+        # keys and values in place.
+        def body(block, carry, i):
+            h, kv = carry
+            h, kv = block(h, rope, mask, kv, index, None if kv is None else i)
+            return (h, kv), None
 
-        x, kv = scan(self.layers, body, x, kv, remat=self.remat)
+        (x, kv), _ = scan(self.layers, body, (x, kv), jnp.arange(self.config.num_hidden_layers), remat=self.remat)
         h = self.norm(x)
         out = h if return_hidden else self.logits(h)
         if cache is None:
