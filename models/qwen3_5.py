@@ -26,8 +26,8 @@ from flax import nnx
 
 from models import decode, gated_delta
 from models.checkpoint import Rule
-from models.layers import (MLP, Attention, AttnMask, Dense, Embed, KVCache, LMHead, RMSNorm, positions_from,
-                           rope_cos_sin, scan, stack)
+from models.layers import (MLP, Attention, AttnMask, Dense, Embed, KVCache, LMHead, RMSNorm, jit_when_eager,
+                           positions_from, rope_cos_sin, scan, stack)
 from models.sharding import constrain
 
 Array = jax.Array
@@ -381,15 +381,16 @@ class Qwen3_5(nnx.Module):
     `segment_ids` (`[B, T]`, packed sequences, 0 = padding: no token sees another
     segment, in attention nor through the DeltaNet's conv and state), `attention_mask`
     (`[B, T]`, 1 = token, 0 = left padding), `cache` (a `decode.Cache`; the call then
-    returns `(out, new_cache)`), `return_hidden` (final-normed hidden states `[B, T, D]`
-    instead of logits) and `chunk_size` (the DeltaNet's chunk length).
+    returns `(out, new_cache)`) and `return_hidden` (final-normed hidden states
+    `[B, T, D]` instead of logits). `chunk_size` is the DeltaNet's chunk length; `remat`
+    recomputes each layer group in the backward pass.
     """
 
     def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype = jnp.float32, param_dtype: Dtype | None = None,
-                 rngs: nnx.Rngs, remat: bool = False):
+                 rngs: nnx.Rngs, remat: bool = False, chunk_size: int = 64):
         param_dtype = param_dtype or dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype)
-        self.config, self.dtype, self.remat = cfg, dtype, remat
+        self.config, self.dtype, self.remat, self.chunk_size = cfg, dtype, remat, chunk_size
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
         self.layers = stack(lambda r: Group(cfg, rngs=r, **kw), cfg.groups[0], rngs, "layers")
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, **kw)
@@ -408,9 +409,10 @@ class Qwen3_5(nnx.Module):
         """An empty decoding cache: KV for attention layers, conv and recurrent state for DeltaNet layers."""
         return decode.Cache.empty(layer_caches(self.config, batch, max_len, dtype or self.dtype), batch, max_len)
 
+    @jit_when_eager
     def __call__(self, input_ids: Array, *, positions: Array | None = None, segment_ids: Array | None = None,
                  attention_mask: Array | None = None, cache: decode.Cache | None = None,
-                 return_hidden: bool = False, chunk_size: int = 64):
+                 return_hidden: bool = False):
         cfg = self.config
         shape = input_ids.shape
         if cache is None:
@@ -429,7 +431,7 @@ class Qwen3_5(nnx.Module):
             positions = auto_positions if positions is None else positions
             states = cache.layers
         rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
-        ctx = Context(seg, rope, mask, index, chunk_size)
+        ctx = Context(seg, rope, mask, index, self.chunk_size)
 
         h = constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
         h, states = scan(self.layers, lambda group, carry, st: group(carry, ctx, st), h, states, remat=self.remat)
