@@ -272,9 +272,9 @@ def train_step(
     def accumulate(grads, mb):
         mb_batch, mb_w, mb_tw = jax.tree.map(lambda x: msh.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), mb)
         (_, metrics), g = grad_fn(state.params, graphdef, rest, mb_batch, mb_w, mb_tw, cfg.loss)
-        return jax.tree.map(jnp.add, grads, g), metrics
+        return jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), metrics
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)  # fp32 accumulation
     grads, metrics = jax.lax.scan(accumulate, zeros, micro)
     metrics = jax.tree.map(lambda x: x.sum(0), metrics)
 
