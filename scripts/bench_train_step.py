@@ -235,10 +235,11 @@ def main() -> None:
     peak = peak_flops(jax.devices()[0])
     n_dev = mesh.devices.size
     mfu = None if peak is None else flops / step_s / (peak * n_dev)
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
     rows = [
         ("device", f"{jax.devices()[0].device_kind} x{n_dev}, mesh {dict(mesh.shape)}"),
         ("model", f"Qwen3 d={cfg.hidden_size} L={cfg.num_hidden_layers} V={cfg.vocab_size} {args.dtype} "
-                  f"(params {args.param_dtype}), {sum(x.size for x in jax.tree.leaves(state.params)) / 1e6:.2f}M params"),
+                  f"(params {args.param_dtype}), {n_params / 1e6:.2f}M params"),
         ("batch", f"{args.batch} x {args.seq} tokens, {args.micro_batches} micro-batch(es)"),
         ("compile", f"{compile_s:.2f} s"),
         ("step", f"{step_s * 1e3:.1f} ms"),
