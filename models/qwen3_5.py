@@ -194,22 +194,25 @@ class DeltaState:
 
     @staticmethod
     def zeros(cfg: Qwen3_5Config, batch: int, dtype: Dtype, layers: tuple[int, ...] = ()) -> DeltaState:
-        return DeltaState(
-            jnp.zeros((*layers, batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype),
-            jnp.zeros((*layers, batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                       cfg.linear_value_head_dim), jnp.float32),
-        )
+        lead = (None,) * len(layers)
+        conv = jnp.zeros((*layers, batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype)
+        recurrent = jnp.zeros((*layers, batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                               cfg.linear_value_head_dim), jnp.float32)
+        return DeltaState(constrain(conv, lead + ("batch", None, "act_mlp")),
+                          constrain(recurrent, lead + ("batch", "act_heads", None, None)))
 
 
 def layer_caches(cfg: Qwen3_5Config, batch: int, max_len: int, dtype: Dtype) -> tuple[Any, ...]:
-    """Zero states for every run of the scanned groups, stacked `[groups, run, ...]` like the parameters:
+    """Zero states for every run of a layer group, in run order.
 
-    `DeltaState` for DeltaNet runs, `KVCache` for attention runs.
+    DeltaNet runs: `DeltaState` stacked `[groups, run, ...]` like the parameters (scanned
+    over, as each step rewrites all of it). Attention runs: one `KVCache` stacked
+    `[groups · run, ...]` that rides in the scan carry, so a step writes its token in place.
     """
     n_groups, runs = cfg.groups
     return tuple(
         DeltaState.zeros(cfg, batch, dtype, (n_groups, n)) if kind == LINEAR
-        else KVCache.zeros(batch, max_len, cfg.num_key_value_heads, cfg.head_dim, dtype, (n_groups, n))
+        else KVCache.zeros(batch, max_len, cfg.num_key_value_heads, cfg.head_dim, dtype, (n_groups * n,))
         for kind, n in runs)
 
 
@@ -338,8 +341,10 @@ class AttentionLayer(_Block):
             dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self._norms_and_mlp(cfg, dtype, param_dtype, rngs)
 
-    def __call__(self, h: Array, ctx: Context, cache: KVCache | None) -> tuple[Array, KVCache | None]:
-        mixed, cache = self.self_attn(self.input_layernorm(h), ctx.rope, ctx.mask, cache, ctx.cache_index)
+    def __call__(self, h: Array, ctx: Context, cache: KVCache | None, layer: Array | None
+                 ) -> tuple[Array, KVCache | None]:
+        """With `cache` (a stack), this layer's keys and values are entry `layer` of it."""
+        mixed, cache = self.self_attn(self.input_layernorm(h), ctx.rope, ctx.mask, cache, ctx.cache_index, layer)
         return self._finish(h, mixed), cache
 
 
@@ -360,18 +365,36 @@ class Group(nnx.Module):
 
     def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs):
         kinds = {LINEAR: DeltaLayer, FULL: AttentionLayer}
+        self.runs_spec = cfg.groups[1]
         self.runs = nnx.List([
             stack(lambda r, k=kind: kinds[k](cfg, dtype=dtype, param_dtype=param_dtype, rngs=r), n, rngs, "group")
-            for kind, n in cfg.groups[1]
+            for kind, n in self.runs_spec
         ])
 
-    def __call__(self, h: Array, ctx: Context, caches: tuple | None) -> tuple[Array, tuple | None]:
-        new_caches = []
-        for i, run in enumerate(self.runs):
-            h, c = scan(run, lambda layer, carry, c: layer(carry, ctx, c), h,
-                        None if caches is None else caches[i])
-            new_caches.append(c)
-        return h, None if caches is None else tuple(new_caches)
+    def __call__(self, h: Array, ctx: Context, kv: tuple | None, delta: tuple | None, group: Array
+                 ) -> tuple[Array, tuple | None, tuple | None]:
+        """Run the group's layers.
+
+        `kv` and `delta` (None without a cache) hold one entry per run, None for runs of
+        the other kind: the whole stacked `KVCache` of an attention run (written in place
+        at entry group · run + j), and a DeltaNet run's states for this group.
+        """
+        kv, delta = (None, None) if kv is None else (list(kv), list(delta))
+        for i, (run, (kind, n)) in enumerate(zip(self.runs, self.runs_spec)):
+            if kind == LINEAR:
+                h, state = scan(run, lambda layer, carry, st: layer(carry, ctx, st), h,
+                                None if delta is None else delta[i])
+                if delta is not None:
+                    delta[i] = state
+            else:
+                def attend(layer, carry, j, n=n):
+                    x, cache = carry
+                    return layer(x, ctx, cache, None if cache is None else group * n + j), None
+
+                (h, cache), _ = scan(run, attend, (h, None if kv is None else kv[i]), jnp.arange(n))
+                if kv is not None:
+                    kv[i] = cache
+        return h, None if kv is None else tuple(kv), None if delta is None else tuple(delta)
 
 
 class Qwen3_5(nnx.Module):
@@ -433,8 +456,20 @@ class Qwen3_5(nnx.Module):
         rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
         ctx = Context(seg, rope, mask, index, self.chunk_size)
 
+        # Attention KV caches ride in the scan carry, so each step writes its token in
+        # place; DeltaNet states are scanned over, as each step rewrites them whole.
+        kinds = tuple(kind for kind, _ in cfg.groups[1])
+        kv = None if states is None else tuple(c if k == FULL else None for k, c in zip(kinds, states))
+        delta = None if states is None else tuple(c if k == LINEAR else None for k, c in zip(kinds, states))
+
+        def body(group, carry, xs):
+            (x, kv), (delta, g) = carry, xs
+            x, kv, delta = group(x, ctx, kv, delta, g)
+            return (x, kv), delta
+
         h = constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
-        h, states = scan(self.layers, lambda group, carry, st: group(carry, ctx, st), h, states, remat=self.remat)
+        (h, kv), delta = scan(self.layers, body, (h, kv), (delta, jnp.arange(cfg.groups[0])), remat=self.remat)
+        states = None if states is None else tuple(c if k == FULL else d for k, c, d in zip(kinds, kv, delta))
         h = self.norm(h)
         out = h if return_hidden else self.logits(h)
         return out if cache is None else (out, dataclasses.replace(cache, layers=states))
