@@ -230,7 +230,7 @@ def test_decoding_matches_full_forward_and_transformers_generate(hf_dir, ours):
     np.testing.assert_array_equal(np.asarray(out["tokens"]), ref)
 
 
-def test_sharded_forward_equals_single_device(hf_dir, ours):
+def test_sharded_forward_and_decoding_equal_single_device(hf_dir, ours):
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded = checkpoint.from_pretrained(hf_dir[0], mesh=mesh)
     kernel = sharded.layers.runs[0].linear_attn.in_proj_qkv.kernel[...]
@@ -239,6 +239,15 @@ def test_sharded_forward_equals_single_device(hf_dir, ours):
     with sharding.use_mesh(mesh):
         got = np.asarray(_forward(sharded, ids))
     assert np.abs(got - np.asarray(_forward(ours, ids))).max() <= 1e-5
+
+    prompt, mask = ids[:, :9], jnp.ones((4, 9), jnp.int32).at[0, :2].set(0)
+    want = decode.Decoder(ours).generate(prompt, mask, max_new_tokens=5)
+    with sharding.use_mesh(mesh):
+        dec = decode.Decoder(sharded)
+        assert dec.init_cache(4, 14).layers[0].recurrent.sharding.spec[2] == ("data", "fsdp")
+        got = dec.generate(prompt, mask, max_new_tokens=5)
+    np.testing.assert_array_equal(np.asarray(got["tokens"]), np.asarray(want["tokens"]))
+    assert np.abs(np.asarray(got["logprobs"]) - np.asarray(want["logprobs"])).max() <= 1e-5
 
 
 def _compile_seconds(layers: int) -> tuple[float, float]:
