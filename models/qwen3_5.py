@@ -286,7 +286,7 @@ class GatedDeltaNet(nnx.Module):
         qkv = jax.nn.silu(qkv)
         key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
         q, k, v = jnp.split(qkv, [key_dim, 2 * key_dim], axis=-1)
-        heads = lambda x, n, axis: constrain(x.reshape(b, t, n, -1), ("batch", "seq", axis, None))
+        heads = lambda y, n, axis: constrain(y.reshape(b, t, n, -1), ("batch", "seq", axis, None))
         q = gated_delta.l2_normalize(heads(q, cfg.linear_num_key_heads, "act_kv_heads")).astype(self.dtype)
         k = gated_delta.l2_normalize(heads(k, cfg.linear_num_key_heads, "act_kv_heads")).astype(self.dtype)
         v = heads(v, cfg.linear_num_value_heads, "act_heads")
