@@ -202,8 +202,10 @@ def attend(q: Array, k: Array, v: Array, mask: AttnMask, scale: float) -> Array:
     """Grouped-query softmax attention.
 
     Args:
-      q: `[B, T, N, H]`; k, v: `[B, S, K, H]` with N a multiple of K (query
-        head n uses kv head n // (N/K), as transformers' repeat_kv does).
+      q: `[B, T, N, H]`; k, v: `[B, K, S, H]` (kv heads before slots, the
+        cache's layout, so the batched matmuls need no transpose of the
+        cache), N a multiple of K: query head n uses kv head n // (N/K), as
+        transformers' repeat_kv does.
       mask: which keys each query sees.
       scale: multiplies the scores (usually H ** -0.5).
 
@@ -212,19 +214,19 @@ def attend(q: Array, k: Array, v: Array, mask: AttnMask, scale: float) -> Array:
       sees no key gets a uniform average instead of NaN.
     """
     b, t, n, h = q.shape
-    kh = k.shape[2]
+    kh = k.shape[1]
     qg = q.reshape(b, t, kh, n // kh, h)
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("btkgh,bksh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
     s = jnp.where(mask.allowed()[:, None, None], s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bskh->btkgh", p, v)
+    o = jnp.einsum("bkgts,bksh->btkgh", p, v)
     return o.reshape(b, t, n, h)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Keys and values of one attention layer, `[B, S, K, H]` each, or of a stack, `[L, B, S, K, H]`.
+    """Keys and values of one attention layer, `[B, K, S, H]` each, or of a stack, `[L, B, K, S, H]`.
 
     A scanned model should carry the stacked cache through the scan and pass
     the layer index (`write(..., layer=l)`, `read(layer=l)`): the new token is
@@ -235,28 +237,29 @@ class KVCache:
     k: Array
     v: Array
 
+    @staticmethod
+    def zeros(batch: int, length: int, kv_heads: int, head_dim: int, dtype: Dtype, layers: tuple[int, ...] = ()
+              ) -> KVCache:
+        shape = (*layers, batch, kv_heads, length, head_dim)
+        names = (None,) * len(layers) + ("batch", "act_kv_heads", "cache_seq", None)
+        return KVCache(constrain(jnp.zeros(shape, dtype), names), constrain(jnp.zeros(shape, dtype), names))
+
     def write(self, k: Array, v: Array, index: Array, layer: Array | None = None) -> KVCache:
         """Store `k, v [B, T, K, H]` at slots `index .. index+T-1` (of stack entry `layer`)."""
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         if layer is None:
-            start = (0, index, 0, 0)
+            start = (0, 0, index, 0)
         else:
-            start = (layer, 0, index, 0, 0)
+            start = (layer, 0, 0, index, 0)
             k, v = k[None], v[None]
         return KVCache(jax.lax.dynamic_update_slice(self.k, k.astype(self.k.dtype), start),
                        jax.lax.dynamic_update_slice(self.v, v.astype(self.v.dtype), start))
 
     def read(self, layer: Array | None = None) -> tuple[Array, Array]:
-        """Keys and values `[B, S, K, H]` (of stack entry `layer`)."""
+        """Keys and values `[B, K, S, H]` (of stack entry `layer`)."""
         if layer is None:
             return self.k, self.v
         return self.k[layer], self.v[layer]
-
-    @staticmethod
-    def zeros(batch: int, length: int, kv_heads: int, head_dim: int, dtype: Dtype, layers: tuple[int, ...] = ()
-              ) -> KVCache:
-        shape = (*layers, batch, length, kv_heads, head_dim)
-        names = (None,) * len(layers) + ("batch", "cache_seq", "act_kv_heads", None)
-        return KVCache(constrain(jnp.zeros(shape, dtype), names), constrain(jnp.zeros(shape, dtype), names))
 
 
 class Attention(nnx.Module):
@@ -305,6 +308,8 @@ class Attention(nnx.Module):
         if cache is not None:
             cache = cache.write(k, v, cache_index, layer)
             k, v = (a.astype(q.dtype) for a in cache.read(layer))
+        else:
+            k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         o = attend(q, k, v, mask, self.head_dim ** -0.5)
         if gate is not None:
             o = o * jax.nn.sigmoid(gate)
