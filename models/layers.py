@@ -215,12 +215,15 @@ def attend(q: Array, k: Array, v: Array, mask: AttnMask, scale: float) -> Array:
     """
     b, t, n, h = q.shape
     kh = k.shape[1]
-    qg = q.reshape(b, t, kh, n // kh, h)
-    s = jnp.einsum("btkgh,bksh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(mask.allowed()[:, None, None], s, jnp.finfo(jnp.float32).min)
+    # Queries as [B, K, G, T, H] so both matmuls produce their natural layout:
+    # only q and the output are transposed, never the [.., T, S] scores.
+    qg = q.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
+    s = jnp.einsum("bkgth,bksh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    # An additive bias rather than a select: its backward is the identity.
+    s = s * scale + jnp.where(mask.allowed(), 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bksh->btkgh", p, v)
-    return o.reshape(b, t, n, h)
+    o = jnp.einsum("bkgts,bksh->bkgth", p, v)
+    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 @jax.tree_util.register_dataclass

@@ -66,11 +66,12 @@ def bench_train(a, hf, ours) -> tuple[float, float]:
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
 
-    step = nnx.jit(nnx.value_and_grad(loss))
+    graphdef, state = nnx.split(ours)
+    step = jax.jit(jax.value_and_grad(lambda st, ids: loss(nnx.merge(graphdef, st), ids)))
     ids = jnp.asarray(ids_np, jnp.int32)
 
     def jax_step():
-        jax.block_until_ready(step(ours, ids))
+        jax.block_until_ready(step(state, ids))
 
     hf.train()
     torch_step()
@@ -105,6 +106,22 @@ def bench_decode(a, hf, ours) -> tuple[float, float]:
     return tokens / t_jax, tokens / t_torch, agree
 
 
+def step_time(a, ours, max_len: int, steps: int = 20) -> float:
+    """Milliseconds per jitted decode step with a cache of `max_len` slots."""
+    dec = Decoder(ours)
+    cache = dec.init_cache(a.decode_batch, max_len)
+    ones = jnp.ones((a.decode_batch, a.prompt), jnp.int32)
+    logits, cache = dec.prefill(dec.state, cache, ones, ones)
+    ids = jnp.ones((a.decode_batch,), jnp.int32)
+    logits, cache = dec.step(dec.state, cache, ids)
+    jax.block_until_ready(logits)
+    t = time.perf_counter()
+    for _ in range(steps):
+        logits, cache = dec.step(dec.state, cache, ids)
+    jax.block_until_ready(logits)
+    return (time.perf_counter() - t) / steps * 1e3
+
+
 def compile_time(a, layers: int) -> float:
     cfg = Qwen3Config.from_hf(_hf_config(a, layers).to_dict())
     model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0), remat=a.remat))
@@ -137,10 +154,14 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--remat", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute layer activations in the backward pass (our default)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch intra-op threads (default: all cores); pair 1 with XLA_FLAGS="
+                        "'--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1' for a one-core comparison")
+    p.add_argument("--step-lengths", default="", help="comma-separated cache sizes to time one decode step for")
     p.add_argument("--compile-depths", default="4,32", help="comma-separated depths to time compiles for ('' skips)")
     a = p.parse_args(argv)
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(a.torch_threads or os.cpu_count() or 1)
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(_hf_config(a, a.layers)).eval()
     with tempfile.TemporaryDirectory() as d:
@@ -148,7 +169,8 @@ def main(argv=None) -> int:
         ours = models.from_pretrained(d, remat=a.remat)
 
     print(f"config: vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
-          f" x {a.head_dim}, remat {a.remat}; load average {os.getloadavg()[0]:.1f}; cpu threads {os.cpu_count()}, jax {jax.__version__}, torch {torch.__version__}")
+          f" x {a.head_dim}, remat {a.remat}; load average {os.getloadavg()[0]:.1f}; cpu threads {os.cpu_count()},"
+          f" torch threads {torch.get_num_threads()}, jax {jax.__version__}, torch {torch.__version__}")
     ours_train, torch_train = bench_train(a, hf, ours)
     print(f"train fwd+bwd  batch {a.batch} x {a.seq}: ours {ours_train:,.0f} tok/s, torch {torch_train:,.0f} tok/s,"
           f" ratio {ours_train / torch_train:.2f}")
@@ -156,6 +178,8 @@ def main(argv=None) -> int:
     print(f"greedy decode  batch {a.decode_batch}, prompt {a.prompt}, {a.new_tokens} new: ours {ours_dec:,.0f} tok/s,"
           f" transformers generate {torch_dec:,.0f} tok/s, ratio {ours_dec / torch_dec:.2f}"
           f" (tokens agree: {agree:.0%})")
+    for n in [int(x) for x in a.step_lengths.split(",") if x]:
+        print(f"decode step, batch {a.decode_batch}, cache of {n} slots: {step_time(a, ours, n):.1f} ms")
     for depth in [int(x) for x in a.compile_depths.split(",") if x]:
         print(f"compile forward+backward, {depth} layers: {compile_time(a, depth):.1f} s")
     if a.json:
