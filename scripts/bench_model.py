@@ -154,14 +154,11 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--remat", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute layer activations in the backward pass (our default)")
-    p.add_argument("--torch-threads", type=int, default=0,
-                   help="torch intra-op threads (default: all cores); pair 1 with XLA_FLAGS="
-                        "'--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1' for a one-core comparison")
     p.add_argument("--step-lengths", default="", help="comma-separated cache sizes to time one decode step for")
     p.add_argument("--compile-depths", default="4,32", help="comma-separated depths to time compiles for ('' skips)")
     a = p.parse_args(argv)
 
-    torch.set_num_threads(a.torch_threads or os.cpu_count() or 1)
+    torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(_hf_config(a, a.layers)).eval()
     with tempfile.TemporaryDirectory() as d:
