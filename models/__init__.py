@@ -9,6 +9,8 @@ until one of them is used):
 - `load_config(path_or_dict)`: HF config.json → the family's config dataclass.
 - `model_class(config)`: the family's model class for a config.
 - `Qwen3`, `Qwen3Config`: the dense family.
+- `make_mesh(data, fsdp, tensor)`: the `(data, fsdp, tensor)` device mesh.
+- `Decoder`, `SamplingParams`: jitted prefill / step / generate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ _LAZY = {
     "Qwen3Config": "models.qwen3",
     "Qwen3_5": "models.qwen3_5", "Qwen3_5Config": "models.qwen3_5",
     "make_mesh": "models.sharding",
+    "Decoder": "models.decode",
+    "SamplingParams": "models.decode",
 }
 
 __all__ = sorted(_LAZY)

@@ -379,10 +379,6 @@ def positions_from(attention_mask: Array | None, segment_ids: Array | None, shap
     return idx
 
 
-def param_count(module: nnx.Module) -> int:
-    """Number of scalars in the module's parameters."""
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
-
 
 def jit_when_eager(method: Callable) -> Callable:
     """Decorate a model's `__call__` so an eager call runs compiled.

@@ -90,6 +90,16 @@ def test_forward_and_grad_on_2x2x2_mesh_equal_single_device():
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-6, err_msg=str(p))
 
 
+def test_shard_model_moves_an_existing_model_by_rule():
+    mesh = sharding.make_mesh(2, 2, 2)
+    model = Qwen3(CFG, rngs=nnx.Rngs(0))
+    before = np.asarray(model.layers.mlp.down_proj.kernel[...])
+    sharding.shard_model(model, mesh)
+    k = model.layers.mlp.down_proj.kernel[...]
+    assert k.sharding.spec == P(None, "tensor", "fsdp")
+    np.testing.assert_array_equal(np.asarray(k), before)
+
+
 def test_constrain_is_identity_without_a_mesh():
     x = jnp.ones((2, 3))
     assert sharding.constrain(x, ("batch", "seq")) is x
