@@ -1,7 +1,7 @@
 """Decoding: a preallocated cache, jitted prefill and step, and a generate loop.
 
 The cache is one pytree. `Cache.layers` is the family's own per-layer-kind
-state (Qwen3: one stacked `KVCache [L, B, S, K, H]`; Qwen3.5 adds GDN conv and
+state (Qwen3: one stacked `KVCache [L, B, K, S, H]`; Qwen3.5 adds GDN conv and
 recurrent states); the bookkeeping around it is shared:
 
 - `index`: how many slots are filled (the same for every row; prompts are

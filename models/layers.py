@@ -5,7 +5,8 @@ Each `nnx.Param` carries logical axis names in its `axes` metadata (see
 (`q_proj`, `gate_proj`, ...) so checkpoint conversion stays a table.
 
 Conventions: activations are `[B, T, ...]`; attention heads are a separate
-axis (`q [B, T, N, H]`, `k, v [B, S, K, H]`); parameters are stored in
+axis (`q [B, T, N, H]`, `k, v [B, T, K, H]`; the KV cache and `attend` take
+keys and values as `[B, K, S, H]`); parameters are stored in
 `param_dtype` and cast to the compute `dtype` at use.
 """
 
