@@ -114,6 +114,23 @@ class LMHead(nnx.Module):
         return _project_out(x.astype(self.dtype), self.weight[...].astype(self.dtype))
 
 
+class CausalLMHead:
+    """Output projection shared by the decoder families: the LM head, or the embedding when tied.
+
+    A model using it sets `self.embed_tokens` (an `Embed`) and `self.lm_head`
+    (an `LMHead`, or None for tied embeddings).
+    """
+
+    def lm_head_weight(self) -> Array:
+        """The output projection `[V, D]` (the embedding when tied): `logits = h @ W.T`."""
+        return (self.embed_tokens.embedding if self.lm_head is None else self.lm_head.weight)[...]
+
+    def logits(self, hidden: Array) -> Array:
+        """LM head on final hidden states `[B, T, D]` → `[B, T, V]`."""
+        out = self.embed_tokens.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+        return constrain(out, ("batch", "seq", "act_vocab"))
+
+
 def _project_out(x: Array, w: Array) -> Array:
     """`x [..., D] · w[V, D]ᵀ` as one 2-D matmul (see `Dense`)."""
     return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])

@@ -19,8 +19,8 @@ from flax import nnx
 
 from models import decode
 from models.checkpoint import Rule
-from models.layers import (MLP, Attention, AttnMask, Embed, KVCache, LMHead, RMSNorm, jit_when_eager, positions_from,
-                           rope_cos_sin, scan, stack)
+from models.layers import (MLP, Attention, AttnMask, CausalLMHead, Embed, KVCache, LMHead, RMSNorm, jit_when_eager,
+                           positions_from, rope_cos_sin, scan, stack)
 from models.sharding import constrain
 
 Array = jax.Array
@@ -130,7 +130,7 @@ class Qwen3Block(nnx.Module):
         return constrain(x, ("batch", "seq", "act_embed")), cache
 
 
-class Qwen3(nnx.Module):
+class Qwen3(CausalLMHead, nnx.Module):
     """Qwen3ForCausalLM.
 
     Call `model(input_ids)` for logits `[B, T, V]`. Options: `positions`
@@ -157,15 +157,6 @@ class Qwen3(nnx.Module):
         self.layers = stack(lambda r: Qwen3Block(cfg, rngs=r, **kw), cfg.num_hidden_layers, rngs)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axes=("norm",), **kw)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
-
-    def lm_head_weight(self) -> Array:
-        """The output projection `[V, D]` (the embedding when tied): `logits = h @ W.T`."""
-        return (self.embed_tokens.embedding if self.lm_head is None else self.lm_head.weight)[...]
-
-    def logits(self, hidden: Array) -> Array:
-        """LM head on final hidden states `[B, T, D]` → `[B, T, V]`."""
-        out = self.embed_tokens.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
-        return constrain(out, ("batch", "seq", "act_vocab"))
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> decode.Cache:
         """An empty decoding cache for `batch` rows of up to `max_len` tokens."""

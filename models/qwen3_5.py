@@ -26,7 +26,7 @@ from flax import nnx
 
 from models import decode, gated_delta
 from models.checkpoint import Rule
-from models.layers import (MLP, Attention, AttnMask, Dense, Embed, KVCache, LMHead, RMSNorm, jit_when_eager,
+from models.layers import (MLP, Attention, AttnMask, CausalLMHead, Dense, Embed, KVCache, LMHead, RMSNorm, jit_when_eager,
                            positions_from, rope_cos_sin, scan, stack)
 from models.sharding import constrain
 
@@ -397,7 +397,7 @@ class Group(nnx.Module):
         return h, None if kv is None else tuple(kv), None if delta is None else tuple(delta)
 
 
-class Qwen3_5(nnx.Module):
+class Qwen3_5(CausalLMHead, nnx.Module):
     """Qwen3_5ForCausalLM (and the text half of Qwen3_5ForConditionalGeneration).
 
     Call `model(input_ids)` for logits `[B, T, V]`. Options: `positions` (`[B, T]`),
@@ -418,15 +418,6 @@ class Qwen3_5(nnx.Module):
         self.layers = stack(lambda r: Group(cfg, rngs=r, **kw), cfg.groups[0], rngs, "layers")
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, **kw)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
-
-    def lm_head_weight(self) -> Array:
-        """The output projection `[V, D]` (the embedding when tied): `logits = h @ W.T`."""
-        return (self.embed_tokens.embedding if self.lm_head is None else self.lm_head.weight)[...]
-
-    def logits(self, hidden: Array) -> Array:
-        """LM head on final hidden states `[B, T, D]` → `[B, T, V]`."""
-        out = self.embed_tokens.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
-        return constrain(out, ("batch", "seq", "act_vocab"))
 
     def init_cache(self, batch: int, max_len: int, dtype: Dtype | None = None) -> decode.Cache:
         """An empty decoding cache: KV for attention layers, conv and recurrent state for DeltaNet layers."""
