@@ -125,7 +125,6 @@ def _run(mesh_shape, step_cfg, batches):
     return metrics, {k: v.astype(np.float64) - p0[k] for k, v in flat(state.params).items()}
 
 
-@pytest.mark.slow
 def test_all_meshes_agree():
     """Two steps on four meshes: same metrics and parameter changes."""
     cfg = ts.TrainStepConfig(micro_batches=2, loss=ts.LossConfig(logp_chunk=8, clip_high=0.28),
