@@ -41,8 +41,10 @@ Status = Literal["pass", "fail", "error", "timeout", "oom", "killed"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
 
 SERVER_SOURCE = (Path(__file__).parent / "sandbox_server.py").read_text()
-# Real uids handed to sandbox workers when running as root (one per live worker).
-UID_BASE, UID_COUNT = 61000, 1000
+# Real uids handed to sandbox workers when running as root (one per live worker). Far above
+# the ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks),
+# so no other process shares a worker's uid or its process count.
+UID_BASE, UID_COUNT = 2_100_000_000, 1000
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "precisecoder-sandbox-uids"
 
 
