@@ -27,8 +27,10 @@ import traceback
 import types
 
 # Modules that programs commonly import: loaded once here, shared copy-on-write by every run.
-import bisect, collections, copy, dataclasses, datetime, decimal, fractions, functools  # noqa: E401,F401
-import hashlib, heapq, itertools, math, operator, re, statistics, string, typing  # noqa: E401,F401
+PRELOAD = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "fractions", "functools",
+           "hashlib", "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing")
+for _name in PRELOAD:
+    __import__(_name)
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8

@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 from hf_qwen3 import VARIANTS, make_hf
 
 import models

@@ -7,7 +7,6 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-import models
 from models import sharding
 from models.qwen3 import Qwen3, Qwen3Config
 
