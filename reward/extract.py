@@ -43,7 +43,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
         if not opening or (opening[2][0] == "`" and "`" in opening[3]):
             i += 1
             continue
-        indent, fence, info = len(opening[1]), opening[2], opening[3].strip()
+        indent, fence, info = len(opening[1]), opening[2], opening[3].strip(" \t")
         closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
         end = next((j for j in range(i + 1, len(lines)) if closing.match(lines[j])), None)
         if end is None:

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Union
 
+from reward.diff import diff
+
 
 class SchemaError(ValueError):
     """A record that does not follow the schema; the message says where and why."""
@@ -62,8 +64,12 @@ class Task:
 
     @property
     def is_clean(self) -> bool:
-        """A clean task shows a correct program (`buggy_code == solution`)."""
-        return self.buggy_code == self.solution
+        """A clean task has no fault: diff(buggy_code, solution) has no block (m = 0).
+
+        That is `buggy_code == solution`, or the two differ only in blank lines
+        and trailing whitespace, which the spec's diff ignores.
+        """
+        return self.buggy_code == self.solution or not diff(self.buggy_code, self.solution)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -232,12 +232,14 @@ def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verd
 
 
 def canonical_job(program: str, tests: Tests, limits: Limits) -> Job:
-    """The job that runs a program: whitespace at its very end is dropped, since Python ignores it.
+    """The job that runs a program: spaces, tabs and line ends at its very end are dropped.
 
-    An extracted program lacks C's final newline, so without this the usual
-    exact fix would run twice (as the answer and as its verification program).
+    Python ignores them, and an extracted program lacks C's final newline, so
+    without this the usual exact fix would run twice (as the answer and as its
+    verification program). Other Unicode whitespace is kept: Python rejects
+    some of it (U+00A0) as source, and that must still fail.
     """
-    return Job(program.rstrip(), tests, limits)
+    return Job(program.rstrip(" \t\r\n"), tests, limits)
 
 
 class _Runner:

@@ -93,3 +93,9 @@ def test_empty_block_is_empty_program():
 def test_round_trip_of_fenced_program(lines):
     program = "\n".join(line.replace("\n", "") for line in lines)
     assert extract_program(f"<think>plan</think>\nAnswer:\n```python\n{program}\n```\n") == program
+
+
+def test_info_string_is_trimmed_of_spaces_and_tabs_only():
+    """CommonMark trims spaces and tabs; a no-break space makes a non-empty info string."""
+    assert extract_program("```\u00a0\nq\n```") is None
+    assert extract_program("``` \t\nq\n```") == "q"

@@ -251,3 +251,20 @@ def test_sandbox_as_an_unprivileged_user():
                            "/usr/bin/python3", "-"], input=UNPRIVILEGED_SCRIPT.format(repo=repo),
                           capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.stdout.split() == ["pass", "fail", "timeout", "pass"], proc.stderr[-2000:]
+
+
+def test_shutdown_runs_like_a_real_interpreter(fleet):
+    """Non-daemon threads are joined and atexit handlers run before the verdict, as `python main.py` would."""
+    hang_thread = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    assert run(fleet, hang_thread, "assert True\n").status == "timeout"
+    hang_atexit = "import atexit, time\natexit.register(time.sleep, 60)\n"
+    assert run(fleet, hang_atexit, "assert True\n").status == "timeout"
+    exit_in_atexit = "import atexit, os\natexit.register(os._exit, 0)\n"
+    assert run(fleet, exit_in_atexit, "assert True\n").status == "fail"
+    late_output = IOTests((IOCase("", "1\n9\n"),))
+    threaded = "import threading, time\ndef late():\n    time.sleep(0.2)\n    print(9)\n" \
+               "threading.Thread(target=late).start()\nprint(1)\n"
+    assert fleet.run([Job(threaded, late_output, FAST)])[0].passed
+    at_exit = "import atexit\natexit.register(print, 9)\nprint(1)\n"
+    assert fleet.run([Job(at_exit, late_output, FAST)])[0].passed
+    assert_clean_and_serving(fleet)

@@ -27,6 +27,8 @@ def test_round_trip(tmp_path):
     loaded = load_tasks(tmp_path / "t.jsonl")
     assert loaded == tasks and loaded[0].meta == tasks[0].meta
     assert loaded[1].is_clean and not loaded[0].is_clean
+    whitespace_only = Task("c", "C", "p", "x = 1\n\n\ny = 2   \n", "x = 1\ny = 2\n", AssertTests("pass"))
+    assert whitespace_only.is_clean  # m = 0: the spec's diff ignores blank lines and trailing spaces
     preds = [Prediction("a", response="```python\nx=2\n```"), Prediction("b", code="print(1)"),
              Prediction("a", response="r", code="c")]
     write_predictions(tmp_path / "p.jsonl", preds)
