@@ -136,6 +136,23 @@ def ea_grpo_rewards(
     return unit_NxG * (1.0 - gate_Nx1 * beta * penalty_NxG)
 
 
+def grpo_clean_rows(
+    unit_NxG: jax.Array,
+    edited_lines_NxG: jax.Array,
+    clean_N: jax.Array,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GRPO + clean rows: buggy rows use `unit` alone; clean rows also reward small edits.
+
+    A_i = z(u)_i on a buggy row, A_i = z(u)_i + z(−ℓ)_i on a clean row, where
+    z(x)_i = (x_i − mean_j x_j) / (std_j x_j + ε) within the group. The ℓ of an
+    invalid rollout counts as the length of C (`reward.score.clean_row_terms`).
+    """
+    unit_adv_NxG = grpo(unit_NxG.astype(jnp.float32), eps)
+    lines_adv_NxG = grpo(-edited_lines_NxG.astype(jnp.float32), eps)
+    return unit_adv_NxG + jnp.where(clean_N[:, None], lines_adv_NxG, 0.0)
+
+
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     """Register `fn(rewards_NxGxK, weights_K, lengths_NxG, **options) -> adv_NxG` as `name`."""
 
@@ -194,6 +211,12 @@ def _ea_grpo(rewards_NxGxK, weights_K, lengths_NxG, alpha: float = 0.8, beta: fl
     """EA-GRPO: terms are `[unit, edited_lines]`; the weights are not used."""
     rewards_NxG = ea_grpo_rewards(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], alpha, beta)
     return grpo(rewards_NxG, eps)
+
+
+@register_estimator("grpo_clean_rows")
+def _grpo_clean_rows(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6):
+    """GRPO + clean rows: terms are `[unit, edited_lines, is_clean]` (the flag constant per group)."""
+    return grpo_clean_rows(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], rewards_NxGxK[:, 0, 2] > 0, eps)
 
 
 @dataclasses.dataclass(frozen=True)

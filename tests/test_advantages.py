@@ -259,3 +259,29 @@ def test_register_new_estimator():
         A.register_estimator("test_scaled_drgrpo")(scaled)
     with pytest.raises(TypeError):
         A.register_estimator("test_bad")(lambda rewards, weights: rewards)
+
+
+def test_grpo_clean_rows_hand_values():
+    """unit [1, 1, 0], ℓ [1, 3, 5]: z(u) = [1, 1, −2]/√2 (std √(2/9)); z(−ℓ) = [1, 0, −1]·√(3/2) (std √(8/3))."""
+    unit = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    lines = jnp.array([[1.0, 3.0, 5.0], [1.0, 3.0, 5.0]])
+    adv = A.grpo_clean_rows(unit, lines, jnp.array([True, False]), eps=0.0)
+    z_unit = np.array([1.0, 1.0, -2.0]) / math.sqrt(2)
+    z_lines = np.array([1.0, 0.0, -1.0]) * math.sqrt(1.5)
+    np.testing.assert_allclose(adv[0], z_unit + z_lines, rtol=1e-6)
+    np.testing.assert_allclose(adv[1], z_unit, rtol=1e-6)
+
+
+def test_grpo_clean_rows_registered_matches_numpy():
+    rng = np.random.default_rng(3)
+    unit = rng.integers(0, 2, (5, 6)).astype(np.float32)
+    lines = rng.integers(0, 9, (5, 6)).astype(np.float32)
+    clean = np.array([1, 0, 1, 0, 0], np.float32)
+    rewards = np.stack([unit, lines, np.repeat(clean[:, None], 6, axis=1)], axis=-1)
+    adv = A.get_estimator("grpo_clean_rows")(jnp.asarray(rewards), None, None)
+
+    def z(x):
+        return (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)
+
+    expected = z(unit) + clean[:, None] * z(-lines)
+    np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-6)
