@@ -42,14 +42,22 @@ def _group_std(rewards_NxGx: jax.Array, ddof: int) -> jax.Array:
     return rewards_NxGx.std(axis=1, keepdims=True, ddof=ddof)
 
 
+def _shift(rewards_NxGx: jax.Array) -> jax.Array:
+    """Rewards minus each group's first one: the same statistics after centring, but a constant
+    group becomes exact zeros, so its advantage is exactly 0 (a float32 mean of G equal values
+    can be off by an ulp, which the std + ε division would blow up to ~0.1)."""
+    return rewards_NxGx - rewards_NxGx[:, :1]
+
+
 def grpo(rewards_NxG: jax.Array, eps: float = 1e-6, ddof: int = 0) -> jax.Array:
     """GRPO: rewards standardized within each group.
 
     A_i = (r_i − mean_j r_j) / (std_j r_j + ε); population std (ddof = 0) by default,
     ddof = 1 gives the unbiased std of verl and TRL.
     """
-    mean_Nx1 = rewards_NxG.mean(axis=1, keepdims=True)
-    return (rewards_NxG - mean_Nx1) / (_group_std(rewards_NxG, ddof) + eps)
+    shifted_NxG = _shift(rewards_NxG)
+    mean_Nx1 = shifted_NxG.mean(axis=1, keepdims=True)
+    return (shifted_NxG - mean_Nx1) / (_group_std(shifted_NxG, ddof) + eps)
 
 
 def drgrpo(rewards_NxG: jax.Array) -> jax.Array:
@@ -76,6 +84,7 @@ def _batch_standardize(
     x_NxG: jax.Array, eps: float, lengths_NxG: jax.Array | None
 ) -> jax.Array:
     """(x − μ) / (σ + ε) over all N·G values, optionally weighted by token counts."""
+    x_NxG = x_NxG - x_NxG.reshape(-1)[0]  # a constant batch standardizes to exact zeros
     if lengths_NxG is None:
         return (x_NxG - x_NxG.mean()) / (x_NxG.std() + eps)
     w_NxG = lengths_NxG.astype(x_NxG.dtype)
@@ -103,8 +112,9 @@ def gdpo(
     here with population variance and σ + ε like the rest of this module). `ddof`
     applies to the group std (the batch statistics stay population ones).
     """
-    mean_Nx1xK = rewards_NxGxK.mean(axis=1, keepdims=True)
-    per_term_NxGxK = (rewards_NxGxK - mean_Nx1xK) / (_group_std(rewards_NxGxK, ddof) + eps)
+    shifted_NxGxK = _shift(rewards_NxGxK)
+    mean_Nx1xK = shifted_NxGxK.mean(axis=1, keepdims=True)
+    per_term_NxGxK = (shifted_NxGxK - mean_Nx1xK) / (_group_std(shifted_NxGxK, ddof) + eps)
     summed_NxG = per_term_NxGxK @ jnp.asarray(weights_K, rewards_NxGxK.dtype)
     return _batch_standardize(summed_NxG, eps, lengths_NxG)
 

@@ -21,6 +21,9 @@ AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 AGG_MODES: tuple[str, ...] = AggMode.__args__
 KlEstimator = Literal["k1", "k3"]
 
+# |log π − log π_old| beyond this is clamped before exp (verl clamps at 20 too).
+MAX_LOG_RATIO = 20.0
+
 
 def logprobs_from_logits(
     logits_BxTxV: jax.Array, tokens_BxT: jax.Array, temperature: float = 1.0
@@ -100,14 +103,15 @@ def ppo_clip_loss(
 ) -> tuple[jax.Array, jax.Array]:
     """PPO clipped surrogate per token, with clip-higher and optional dual clip.
 
-    ρ = exp(log π − log π_old);
+    ρ = exp(clip(log π − log π_old, −20, 20)) (the clamp, as in verl, keeps one stale token
+    from overflowing to inf and turning the whole gradient into NaN);
     ℓ = −min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A);
     dual clip (c > 1, Ye et al. 2020): where A < 0, ℓ = min(ℓ, −c·A).
 
     Returns:
         (loss_BxT, clipped_BxT) where `clipped_BxT` is 1 where a clip is active.
     """
-    ratio_BxT = jnp.exp(logp_BxT - old_logp_BxT)
+    ratio_BxT = jnp.exp(jnp.clip(logp_BxT - old_logp_BxT, -MAX_LOG_RATIO, MAX_LOG_RATIO))
     unclipped_BxT = -adv_BxT * ratio_BxT
     clipped_ratio_BxT = jnp.clip(ratio_BxT, 1.0 - clip_low, 1.0 + clip_high)
     loss_BxT = jnp.maximum(unclipped_BxT, -adv_BxT * clipped_ratio_BxT)
@@ -124,7 +128,7 @@ def kl_penalty(logp_BxT: jax.Array, ref_logp_BxT: jax.Array, estimator: KlEstima
 
     k1 = log π − log π_ref;  k3 = π_ref/π − log(π_ref/π) − 1 (non-negative, low variance).
     """
-    log_ratio_BxT = ref_logp_BxT - logp_BxT
+    log_ratio_BxT = jnp.clip(ref_logp_BxT - logp_BxT, -MAX_LOG_RATIO, MAX_LOG_RATIO)
     if estimator == "k1":
         return -log_ratio_BxT
     if estimator == "k3":

@@ -285,3 +285,14 @@ def test_grpo_clean_rows_registered_matches_numpy():
 
     expected = z(unit) + clean[:, None] * z(-lines)
     np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("g", [4, 8, 16])
+def test_constant_groups_give_exact_zero_in_float32(g):
+    """0.7 repeated G times has a float32 mean off by an ulp for some G; the advantage must still be 0."""
+    const = jnp.full((2, g), 0.7, jnp.float32)
+    assert np.all(np.asarray(A.grpo(const)) == 0.0)
+    assert np.all(np.asarray(A.gdpo(jnp.stack([const, const * 0 + 0.9], -1), jnp.array([2 / 3, 1 / 3]))) == 0.0)
+    passing = jnp.ones((1, g))
+    same_size = jnp.full((1, g), 3.0)
+    assert np.all(np.asarray(A.grpo(A.ea_grpo_rewards(passing, same_size))) == 0.0)

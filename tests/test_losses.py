@@ -208,3 +208,13 @@ def test_masked_mean_and_unknown_mode():
     assert float(L.masked_mean(x, jnp.zeros((1, 3)))) == 0.0
     with pytest.raises(ValueError):
         L.loss_weights(jnp.ones((1, 3)), "sum")
+
+
+def test_huge_log_ratio_keeps_the_gradient_finite():
+    """A token with log π − log π_old = 100 would overflow exp; the clamp keeps loss and gradient finite."""
+    old = jnp.array([[0.0, 0.0]])
+    for adv, dual in ((1.0, None), (-1.0, None), (-1.0, 3.0)):
+        def loss(logp):
+            return L.ppo_clip_loss(logp, old, jnp.full((1, 2), adv), dual_clip=dual)[0].sum()
+        value, grad = jax.value_and_grad(loss)(jnp.array([[100.0, 0.1]]))
+        assert np.isfinite(value) and np.all(np.isfinite(grad))
