@@ -5,8 +5,8 @@ the RNG key and a JSON-able `extra` (the Grain iterator state, counters, ...).
 
 Atomicity: Orbax writes a step into a temporary directory and renames it into place
 only once every array and the JSON item are written, so a process killed during a
-save leaves the previous checkpoints intact; the partial directory is ignored, and
-removed when the next `Checkpointer` opens the directory.
+save leaves the previous checkpoints intact; the partial directory is ignored by
+`all_steps()` and restores, and removed by the next save.
 
 Restoring takes an abstract target whose leaves carry the *new* shardings
 (`abstract_with_shardings`), so a checkpoint written on one mesh restores onto
