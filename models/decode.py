@@ -184,6 +184,10 @@ class Decoder:
         state = self.state if state is None else state
         b, p = prompt_ids.shape
         mask = jnp.ones((b, p), jnp.int32) if prompt_mask is None else jnp.asarray(prompt_mask, jnp.int32)
+        if max_len is not None and max_len < p + max_new_tokens:
+            # The cache writes would clamp at its end and overwrite earlier slots: wrong tokens, no error.
+            raise ValueError(f"max_len={max_len} cannot hold a prompt of {p} tokens plus "
+                             f"max_new_tokens={max_new_tokens}; use max_len >= {p + max_new_tokens}")
         cache = self.init_cache(b, max_len or p + max_new_tokens)
         logits, cache = self.prefill(state, cache, jnp.asarray(prompt_ids, jnp.int32), mask)
         key = jax.random.key(0) if key is None else key

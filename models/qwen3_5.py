@@ -240,7 +240,7 @@ class DepthwiseConv(nnx.Module):
     def __init__(self, taps: int, channels: int, *, param_dtype: Dtype, rngs: nnx.Rngs):
         bound = taps**-0.5
         w = jax.random.uniform(rngs.params(), (channels, 1, taps), jnp.float32, -bound, bound)
-        self.weight = nnx.Param(w.astype(param_dtype), axes=("mlp", None, None))
+        self.weight = nnx.Param(w.astype(param_dtype), axes=("mlp", "conv_in", "conv_kernel"))
 
     def taps(self, dtype: Dtype) -> Array:
         """The taps `[K, C]`, oldest first."""

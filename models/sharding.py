@@ -47,6 +47,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("norm", ()),
     ("layers", ()),
     ("group", ()),
+    ("conv_in", ()),
+    ("conv_kernel", ()),
     # activations
     ("batch", ("data", "fsdp")),
     ("seq", ()),

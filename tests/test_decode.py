@@ -118,3 +118,14 @@ def test_sample_top_k_one_is_greedy_and_top_p_keeps_the_nucleus():
     picks = {int(sample(peaked, jax.random.key(i), SamplingParams(temperature=1.0, top_p=0.5))[0][0])
              for i in range(20)}
     assert picks == {2}
+
+
+def test_a_cache_too_small_for_the_request_is_an_error(tiny):
+    """Cache writes past the end would clamp and silently overwrite slots: refuse up front."""
+    path, _ = tiny
+    dec = Decoder(models.from_pretrained(path))
+    ids, mask = _left_padded(3)
+    with pytest.raises(ValueError, match="max_len=10 cannot hold a prompt of 7 tokens plus max_new_tokens=4"):
+        dec.generate(jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=4, max_len=10)
+    out = dec.generate(jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=4, max_len=11)
+    assert out["tokens"].shape == (3, 4)

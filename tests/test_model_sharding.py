@@ -1,5 +1,7 @@
 """Logical sharding rules and the 2x2x2 mesh on 8 fake CPU devices."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,8 +45,21 @@ def test_logical_to_spec_drops_axes_that_do_not_divide():
         sharding.rules_from_mapping({"embed": "model"})
 
 
-def test_every_parameter_has_logical_axes():
-    model = nnx.eval_shape(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)))
+def _qwen3_5():
+    from transformers import Qwen3_5TextConfig
+
+    from models.qwen3_5 import Qwen3_5, Qwen3_5Config
+
+    hf = Qwen3_5TextConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=8,
+                           linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
+    return Qwen3_5(Qwen3_5Config.from_hf(json.loads(hf.to_json_string())), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("make", [lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), _qwen3_5], ids=["qwen3", "qwen3_5"])
+def test_every_parameter_has_logical_axes(make):
+    """Every dimension of every parameter is named, and every name has a rule (none falls back silently)."""
+    model = nnx.eval_shape(make)
     for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         axes = v.get_metadata("axes")
         assert len(axes) == len(v.shape), path
