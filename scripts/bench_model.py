@@ -1,11 +1,11 @@
-"""Benchmark our Qwen3 against transformers' PyTorch model on this CPU, in one run.
+"""Benchmark our Qwen3 or Qwen3.5 against transformers' PyTorch model on this CPU, in one run.
 
 Measures, on the same random model (saved by transformers, loaded by us):
 - training: forward + backward tokens/s of a next-token cross-entropy loss;
 - decoding: greedy tokens/s of our jitted decoder vs transformers' `generate`;
 - compile times of our forward for two depths (scanned layers: flat in depth).
 
-    python scripts/bench_model.py [--json] [--layers 4] [--compile-depths 4,32]
+    python scripts/bench_model.py [--json] [--family qwen3|qwen3_5] [--layers 4] [--compile-depths 4,32]
 
 With --json the last line is
 {"train_ratio_vs_torch": .., "decode_ratio_vs_torch": ..} (ours / theirs).
@@ -25,20 +25,31 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3ForCausalLM
 from transformers import Qwen3Config as HFQwen3Config
-from transformers import Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import models  # noqa: E402
 from models.decode import Decoder  # noqa: E402
-from models.qwen3 import Qwen3, Qwen3Config  # noqa: E402
+from models.checkpoint import load_config, model_class  # noqa: E402
 
 
-def _hf_config(a, layers: int) -> HFQwen3Config:
-    return HFQwen3Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.mlp, num_hidden_layers=layers,
-                         num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+# family -> (HF config class, HF model class)
+FAMILIES = {"qwen3": (HFQwen3Config, Qwen3ForCausalLM), "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM)}
+
+
+def _hf_config(a, layers: int):
+    """The HF config of the benchmarked model; Qwen3.5's DeltaNet layers reuse the attention head sizes."""
+    kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.mlp, num_hidden_layers=layers,
+              num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+              tie_word_embeddings=True)
+    if a.family == "qwen3_5":
+        kw.update(linear_key_head_dim=a.head_dim, linear_value_head_dim=a.head_dim,
+                  linear_num_key_heads=a.kv_heads, linear_num_value_heads=a.heads, eos_token_id=None)
+    else:
+        kw.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    return FAMILIES[a.family][0](**kw)
 
 
 def _best_of(fns, reps: int) -> list[float]:
@@ -123,8 +134,8 @@ def step_time(a, ours, max_len: int, steps: int = 20) -> float:
 
 
 def compile_time(a, layers: int) -> float:
-    cfg = Qwen3Config.from_hf(_hf_config(a, layers).to_dict())
-    model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0), remat=a.remat))
+    cfg = load_config(json.loads(_hf_config(a, layers).to_json_string()))
+    model = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0), remat=a.remat))
     graphdef, state = nnx.split(model)
     ids = jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32)
 
@@ -139,6 +150,7 @@ def compile_time(a, layers: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="end with one JSON line of the ratios")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="qwen3", help="model family (default: qwen3)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--mlp", type=int, default=768)
@@ -160,12 +172,12 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(_hf_config(a, a.layers)).eval()
+    hf = FAMILIES[a.family][1](_hf_config(a, a.layers)).eval()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         ours = models.from_pretrained(d, remat=a.remat)
 
-    print(f"config: vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
+    print(f"config: {a.family}, vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
           f" x {a.head_dim}, remat {a.remat}; load average {os.getloadavg()[0]:.1f}; cpu threads {os.cpu_count()},"
           f" torch threads {torch.get_num_threads()}, jax {jax.__version__}, torch {torch.__version__}")
     ours_train, torch_train = bench_train(a, hf, ours)
