@@ -29,8 +29,13 @@ want="$hash $spec"
 have="$(cat "$stamp" 2>/dev/null || true)"
 # The test extras include the runtime: a runtime request after a test set-up has nothing to do.
 if [ "$have" != "$want" ] && ! { [ -z "$extras" ] && [ "$have" = "$hash .[test]" ]; }; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e "$spec"
+  log=".venv/setup.log"
+  echo "setup: installing $spec into .venv (log: $log)" >&2
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e "$spec"; } >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "setup: pip install failed; full log in $log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 echo "setup: ready (.venv, extras: ${extras:-none})" >&2
