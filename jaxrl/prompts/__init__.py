@@ -1,0 +1,36 @@
+"""The paper's chat prompts (minimal-edit, refine, abstain-or-fix) as message lists.
+
+The wording lives in the template files beside this module, verbatim from the
+paper's appendix D (see README.md there); this module only fills the fields.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+PROMPTS = ("minimal", "refine", "abstain")
+
+
+def _template(name: str, part: str) -> str:
+    text = resources.files(__package__).joinpath(f"{name}.{part}.txt").read_text(encoding="utf-8")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def messages(name: str, task_prompt: str, code: str, candidate_solution: str | None = None) -> list[dict[str, str]]:
+    """The system and user messages of prompt `name` for one task.
+
+    Args:
+      name: one of `PROMPTS`.
+      task_prompt: the problem description.
+      code: the program shown to the model (buggy, or clean for GT Debug).
+      candidate_solution: the candidate fix; required by `refine`, refused by the others.
+    """
+    if name not in PROMPTS:
+        raise ValueError(f"unknown prompt {name!r}; choose from {', '.join(PROMPTS)}")
+    if (name == "refine") != (candidate_solution is not None):
+        raise ValueError("the refine prompt needs a candidate solution, and only it takes one")
+    fields = {"task_prompt": task_prompt, "code": code.rstrip("\n"), "candidate_solution": (candidate_solution or "").rstrip("\n")}
+    # One pass, so a field's own text (a prompt that mentions "{code}") is never filled in again.
+    user = re.sub(r"\{(task_prompt|code|candidate_solution)\}", lambda m: fields[m.group(1)], _template(name, "user"))
+    return [{"role": "system", "content": _template(name, "system")}, {"role": "user", "content": user}]

@@ -1,0 +1,128 @@
+"""The rollout interface: what every engine takes and returns.
+
+The trainer, the evaluation and the demo ask an engine for completions and never
+learn whether the tokens came from the embedded JAX sampler, SGLang servers or an
+OpenAI-compatible endpoint. An engine is chosen by name (`make_engine("jax", ...)`);
+`register_engine` adds one.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions (the paper's defaults).
+
+    Attributes:
+        n: samples per prompt (G, the group size).
+        temperature: 0 is greedy; logits are divided by it otherwise.
+        top_p: keep the smallest set of most likely tokens whose mass reaches p (1 keeps all).
+        top_k: keep the k most likely tokens (0 keeps all).
+        max_tokens: completion tokens in total, thinking and answer together.
+        thinking_budget: tokens a think block may take before the engine closes it
+            with `\\n</think>\\n\\n`; None for no budget.
+        stop_token_ids: token ids that end a completion besides the tokenizer's own.
+        seed: the sampling seed; the same seed gives the same samples.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 6144
+    thinking_budget: int | None = 4096
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise ValueError(f"thinking_budget must be >= 0 or None, got {self.thinking_budget}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled completion of one prompt.
+
+    Attributes:
+        token_ids: the completion's tokens (the prompt excluded), including any the
+            engine appended to close a think block and the stop token, if one ended it.
+        logprobs: one per token id: the log-prob of that token under the
+            temperature-scaled, untruncated distribution (the quantity the train step
+            recomputes); engine-appended tokens carry 0.0 and `forced` marks them.
+        finish_reason: "stop" (a stop token) or "length" (max_tokens reached).
+        text: the decoded completion, special tokens kept.
+        thinking: the think block's text, or None when there was none.
+        answer: the text after the think block (all of `text` when there was none).
+        forced: per token, True where the engine appended it (thinking budget).
+        budget_hit: the thinking budget closed the think block.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    text: str
+    thinking: str | None
+    answer: str
+    forced: tuple[bool, ...] = ()
+    budget_hit: bool = False
+
+
+class Engine(abc.ABC):
+    """A source of completions. Engines are also context managers (`close` on exit)."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        """`params.n` completions for each prompt (token ids), in prompt order."""
+
+    @abc.abstractmethod
+    def update_weights(self, model: Any, *, step: int) -> None:
+        """Serve `model`'s current weights from now on (after an RL update at `step`)."""
+
+    def close(self) -> None:
+        """Release servers, threads and devices; the default holds none."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {}
+
+
+def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
+    """Decorator: make an engine constructor available to `make_engine(name, ...)`."""
+
+    def decorate(factory: Callable[..., Engine]) -> Callable[..., Engine]:
+        if name in ENGINES:
+            raise ValueError(f"engine {name!r} is already registered")
+        ENGINES[name] = factory
+        return factory
+
+    return decorate
+
+
+def make_engine(name: str, **kwargs: Any) -> Engine:
+    """The engine registered as `name`, built with `kwargs`."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(sorted(ENGINES))}")
+    return ENGINES[name](**kwargs)
