@@ -25,11 +25,23 @@ class SchemaError(ValueError):
         super().__init__(f"{path}:{line}: {message}")
 
 
+TEST_MODES = ("proxy", "inprocess")
+
+
 @dataclasses.dataclass(frozen=True)
 class AssertTests:
-    """Test code run after the program in the same `__main__` namespace."""
+    """Test code run against the program's top-level names.
+
+    `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
+    separate trusted process where the program's names are proxies that pass
+    plain data; `inprocess` runs them after the program in its own `__main__`
+    namespace, for tests that need more (methods of returned objects, callbacks).
+    An `inprocess` verdict can be forged by the program: such tasks stay out of
+    training sets by default.
+    """
 
     code: str
+    mode: str = "proxy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +96,10 @@ class Prediction:
 def tests_to_json(tests: Tests) -> dict[str, Any]:
     """The JSON object form of a test spec."""
     if isinstance(tests, AssertTests):
-        return {"kind": "assert", "code": tests.code}
+        obj = {"kind": "assert", "code": tests.code}
+        if tests.mode != "proxy":
+            obj["mode"] = tests.mode
+        return obj
     return {"kind": "io", "cases": [{"stdin": c.stdin, "stdout": c.stdout} for c in tests.cases]}
 
 
@@ -97,7 +112,10 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
-        return AssertTests(code)
+        mode = obj.get("mode", "proxy")
+        if mode not in TEST_MODES:
+            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {mode!r}")
+        return AssertTests(code, mode)
     if kind == "io":
         cases = obj.get("cases")
         if not isinstance(cases, list) or not cases:
