@@ -52,7 +52,7 @@ from typing import Literal
 
 from reward.cgroups import RunCgroup
 from reward.sandbox_codec import CodecError, recv_frame, send_frame
-from reward.schema import AssertTests, IOTests, Tests, tests_to_json
+from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
@@ -93,6 +93,12 @@ class Limits:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_MEMORY_MB:
                 raise ValueError(f"{name} must be an integer in [1, {MAX_MEMORY_MB}], got {v!r}")
+
+
+def limits_for(task: Task, default: Limits) -> Limits:
+    """`default` with the task's own `timeout_s` and `memory_mb` where it sets them."""
+    changes = {k: v for k, v in (("timeout_s", task.timeout_s), ("memory_mb", task.memory_mb)) if v is not None}
+    return dataclasses.replace(default, **changes) if changes else default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,10 +138,10 @@ def from_wire(obj, depth=0, budget=None):
             if tag == "frozenset":
                 return frozenset(_items(rest[0], depth, budget))
             if tag == "dict":
-                pairs = _items(rest[0], depth, budget)
-                if not all(type(p) is list and len(p) == 2 for p in pairs):
+                pairs = rest[0]
+                if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
                     raise CodecError("bad dict")
-                return {k: v for k, v in pairs}
+                return {from_wire(k, depth + 1, budget): from_wire(v, depth + 1, budget) for k, v in pairs}
     except TypeError as e:  # an unhashable key or set member
         raise CodecError(str(e)) from None
     raise CodecError(f"unknown tag {tag[:20]!r}")

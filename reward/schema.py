@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Union
@@ -73,6 +74,7 @@ class Task:
     epsilon: int | None = None
     timeout_s: float | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    memory_mb: int | None = None
 
     @property
     def is_clean(self) -> bool:
@@ -133,6 +135,40 @@ def tests_from_json(obj: Any) -> Tests:
 
 
 _REQUIRED_STR = ("task_id", "base_id", "prompt", "buggy_code", "solution")
+MAX_TIMEOUT_S = 86_400.0
+MAX_MEMORY_MB = 1 << 20
+
+
+def _check_text(value: Any, field: str) -> None:
+    """Every string in `value` (keys included) must be valid Unicode: no lone surrogates."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"field '{field}' contains a lone surrogate (not valid Unicode)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, field)
+            _check_text(v, field)
+    elif isinstance(value, list):
+        for v in value:
+            _check_text(v, field)
+
+
+def positive_seconds(value: Any, field: str) -> float:
+    """A finite wall-clock limit in (0, 1 day]; raises ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(f"field '{field}' must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                         f"got {value!r}")
+    return float(value)
+
+
+def positive_megabytes(value: Any, field: str) -> int:
+    """A memory limit in MiB, an integer in [1, 2**20]; raises ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MEMORY_MB:
+        raise ValueError(f"field '{field}' must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {value!r}")
+    return value
 
 
 def task_from_json(obj: Any) -> Task:
@@ -146,20 +182,23 @@ def task_from_json(obj: Any) -> Task:
             raise ValueError(f"field '{key}' must be a string")
     if "tests" not in obj:
         raise ValueError("missing field 'tests'")
+    for key in (*_REQUIRED_STR, "tests", "meta"):
+        _check_text(obj.get(key), key)
     tests = tests_from_json(obj["tests"])
     epsilon = obj.get("epsilon")
     if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, int) or epsilon < 0):
         raise ValueError("field 'epsilon' must be a non-negative integer")
     timeout_s = obj.get("timeout_s")
     if timeout_s is not None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError("field 'timeout_s' must be a positive number")
-        timeout_s = float(timeout_s)
+        timeout_s = positive_seconds(timeout_s, "timeout_s")
+    memory_mb = obj.get("memory_mb")
+    if memory_mb is not None:
+        memory_mb = positive_megabytes(memory_mb, "memory_mb")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError("field 'meta' must be an object")
     return Task(obj["task_id"], obj["base_id"], obj["prompt"], obj["buggy_code"], obj["solution"],
-                tests, epsilon, timeout_s, meta)
+                tests, epsilon, timeout_s, meta, memory_mb)
 
 
 def task_to_json(task: Task) -> dict[str, Any]:
@@ -170,6 +209,8 @@ def task_to_json(task: Task) -> dict[str, Any]:
         obj["epsilon"] = task.epsilon
     if task.timeout_s is not None:
         obj["timeout_s"] = task.timeout_s
+    if task.memory_mb is not None:
+        obj["memory_mb"] = task.memory_mb
     if task.meta:
         obj["meta"] = task.meta
     return obj
@@ -184,9 +225,10 @@ def prediction_from_json(obj: Any) -> Prediction:
     response, code = obj.get("response"), obj.get("code")
     if response is None and code is None:
         raise ValueError("a prediction needs a 'response' or a 'code' field")
-    for key, value in (("response", response), ("code", code)):
+    for key, value in (("task_id", obj["task_id"]), ("response", response), ("code", code)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"field '{key}' must be a string")
+        _check_text(value, key)
     return Prediction(obj["task_id"], response, code)
 
 
@@ -200,15 +242,27 @@ def prediction_to_json(pred: Prediction) -> dict[str, Any]:
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, parsed object) for each non-blank line; bad JSON is a SchemaError."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """Yield (line number, parsed object) for each non-blank line; bad JSON or UTF-8 is a SchemaError."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SchemaError(path, lineno, f"not valid UTF-8 (byte {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                yield lineno, json.loads(line, parse_constant=_reject_constant)
             except json.JSONDecodeError as e:
                 raise SchemaError(path, lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+            except RecursionError:
+                raise SchemaError(path, lineno, "malformed JSON: nested too deeply") from None
+            except ValueError as e:
+                raise SchemaError(path, lineno, str(e)) from None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"non-standard JSON constant {name}")
 
 
 def _load(path: str | os.PathLike, parse) -> list:
@@ -248,10 +302,17 @@ def load_predictions(path: str | os.PathLike) -> list[Prediction]:
 def write_jsonl(path: str | os.PathLike, objects: Iterable[dict[str, Any]]) -> None:
     """Write objects one per line, atomically (a crash never leaves half a file)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for obj in objects:
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for obj in objects:
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_tasks(path: str | os.PathLike, tasks: Iterable[Task]) -> None:
