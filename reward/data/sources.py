@@ -77,6 +77,8 @@ def _records(path: str | os.PathLike) -> Any:
 
 def _each(path: str | os.PathLike, records: Any, parse) -> list:
     """parse(record) for each record; any malformed record is a SourceError naming its position."""
+    if isinstance(records, dict):  # a JSONL file of one line
+        records = [records]
     if not isinstance(records, list):
         raise SourceError(f"{path}: expected a list of records (JSON list or JSONL)")
     out = []
