@@ -70,8 +70,9 @@ HOSTILE = {
     "long_sleep": ("import time\ntime.sleep(600)\n", "", {"timeout"}),
     "ignore_sigterm": ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n", "",
                        {"timeout"}),
-    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        break\n"
-                  "import time\ntime.sleep(600)\n", "assert False\n", {"timeout", "error", "killed", "fail"}),
+    "fork_bomb": ("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+                  "        break\n    if pid == 0:\n        time.sleep(600)\n    n += 1\n",
+                  "assert n > 1000, n\n", {"fail"}),
     "memory_bomb": ("x = bytearray(8 * 1024**3)\n", "", {"oom"}),
     "memory_bomb_growing": ("x = []\nwhile True:\n    x.append(' ' * 10**7)\n", "", {"oom"}),
     "memory_across_six_forks": (
@@ -80,10 +81,14 @@ HOSTILE = {
         "            import time\n            time.sleep(3)\n        finally:\n            os._exit(0)\n"
         "    kids.append(pid)\nok = sum(os.waitpid(k, 0)[1] == 0 for k in kids)\n",
         "assert ok == 6\n", {"oom", "fail", "killed"}),
+    # Three 200 MB segments, each filled by a child that then exits: the memory stays pinned
+    # by the segments, and the run's cgroup (256 MB) counts it.
     "sysv_shm_over_the_limit": (
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
-        "sid = libc.shmget(0x5eed, 600 << 20, 0o1666)\naddr = libc.shmat(sid, None, 0)\n"
-        "ctypes.memset(addr, 1, 600 << 20)\n", "", {"oom", "killed"}),
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+        "filled = 0\nfor key in (0x5e1, 0x5e2, 0x5e3):\n    sid = libc.shmget(key, 200 << 20, 0o1666)\n"
+        "    pid = os.fork()\n    if pid == 0:\n        ctypes.memset(libc.shmat(sid, None, 0), 1, 200 << 20)\n"
+        "        os._exit(0)\n    filled += os.waitpid(pid, 0)[1] == 0\n",
+        "assert filled == 3, filled\n", {"oom", "fail"}),
     "sys_exit_before_tests": ("import sys\nsys.exit(0)\n", "assert False\n", {"error"}),
     "os_exit_before_tests": ("import os\nos._exit(0)\n", "assert False\n", {"error"}),
     "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n"
@@ -155,8 +160,10 @@ def test_ipc_and_keyrings_do_not_outlive_a_run(fleet):
     plant = keys + (
         "libc.shmat.restype = ctypes.c_void_p\nsid = libc.shmget(0x5eed, 1 << 20, 0o1666)\nassert sid >= 0\n"
         "ctypes.memmove(libc.shmat(sid, None, 0), b'SECRET', 6)\nassert libc.msgget(0x5eee, 0o1666) >= 0\n"
-        "for ring in (-4, -3):\n    libc.syscall(ADD_KEY, b'user', b'pc-key', b'SECRET', 6, ring)\n")
-    assert run(fleet, plant, "").passed
+        "for ring in (-4, -3):\n    assert libc.syscall(ADD_KEY, b'user', b'pc-key', b'SECRET', 6, ring) > 0\n"
+        "assert libc.syscall(REQUEST_KEY, b'user', b'pc-key', None, 0) > 0\n")
+    planted = run(fleet, plant, "")
+    assert planted.passed, planted.stderr
     look = keys + ("shm = libc.shmget(0x5eed, 0, 0)\nqueue = libc.msgget(0x5eee, 0)\n"
                    "key = libc.syscall(REQUEST_KEY, b'user', b'pc-key', None, 0)\n")
     for _ in range(2):  # both workers
