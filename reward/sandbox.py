@@ -462,8 +462,14 @@ def normalize(text: str) -> list[str]:
 
 
 def _recv_hello(sock: socket.socket) -> int | None:
-    """Read the run process's hello frame; returns its pid as the kernel reports it to us."""
-    data, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(12))
+    """Read a spare's hello frame; returns its pid as the kernel reports it to us (not as it claims)."""
+    sock.settimeout(STARTUP_S)
+    try:
+        data, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(12))
+    except TimeoutError:
+        raise WorkerDied("a spare process did not say hello") from None
+    finally:
+        sock.settimeout(None)
     if not data:
         return None
     for level, kind, payload in ancillary:

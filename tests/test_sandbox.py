@@ -98,7 +98,7 @@ HOSTILE = {
                            "", {"killed", "error"}),
     "deep_recursion": ("def f(n):\n    return f(n + 1)\nf(0)\n", "", {"error"}),
     "deep_recursion_unbounded": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n", "",
-                                 {"killed", "error", "oom"}),
+                                 {"killed", "error", "oom"}, Limits(timeout_s=120.0, memory_mb=128)),
     "thousand_threads": ("import threading, time\nts = [threading.Thread(target=time.sleep, args=(5,)) for _ in range(1000)]\n"
                          "for t in ts:\n    t.start()\n", "", {"error", "oom"}),
     "ctypes_segfault": ("import ctypes\nctypes.string_at(0)\n", "", {"killed"}),
@@ -108,8 +108,8 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_program(fleet, name):
-    program, tests, expected = HOSTILE[name]
-    result = run(fleet, program, tests, SHORT if name in NEVER_ENDS else FAST)
+    program, tests, expected, *limits = HOSTILE[name]
+    result = run(fleet, program, tests, limits[0] if limits else SHORT if name in NEVER_ENDS else FAST)
     assert not result.passed
     assert result.status in expected, (result.status, result.stderr[-500:])
     assert_clean_and_serving(fleet)
