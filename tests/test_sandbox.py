@@ -98,7 +98,7 @@ HOSTILE = {
                            "", {"killed", "error"}),
     "deep_recursion": ("def f(n):\n    return f(n + 1)\nf(0)\n", "", {"error"}),
     "deep_recursion_unbounded": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n", "",
-                                 {"killed", "error", "oom"}, Limits(timeout_s=120.0, memory_mb=128)),
+                                 {"killed", "error", "oom"}, Limits(timeout_s=120.0, memory_mb=64)),
     "thousand_threads": ("import threading, time\nts = [threading.Thread(target=time.sleep, args=(5,)) for _ in range(1000)]\n"
                          "for t in ts:\n    t.start()\n", "", {"error", "oom"}),
     "ctypes_segfault": ("import ctypes\nctypes.string_at(0)\n", "", {"killed"}),
