@@ -77,6 +77,7 @@ class RunCgroup:
         for parents in candidates:
             for parent in parents:
                 group = parent / name
+                _remove_orphans(parent)
                 try:
                     if v2:
                         enabled = (parent / "cgroup.subtree_control").read_text().split()
@@ -186,3 +187,19 @@ class RunCgroup:
                     break
                 except OSError:
                     time.sleep(0.02)
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Delete empty groups left by sandbox owners that died without closing (named precisecoder-PID-...)."""
+    try:
+        entries = list(parent.glob("precisecoder-*"))
+    except OSError:
+        return
+    for group in entries:
+        owner = group.name.split("-")[1]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        try:
+            group.rmdir()
+        except OSError:
+            pass

@@ -13,6 +13,7 @@ processes each own a sandbox, for pipelines that feed rewards through Grain.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -242,6 +243,13 @@ def _read_cache(path: Path) -> dict[str, RunResult]:
 # ---- Grain -----------------------------------------------------------------------------
 
 _process_worker: SandboxWorker | None = None
+
+
+@atexit.register
+def _close_process_worker() -> None:
+    """A Grain worker process's sandbox ends with the process (its cgroups are removed)."""
+    if _process_worker is not None:
+        _process_worker.close()
 
 
 def _run_in_process_sandbox(job: Job, isolation: str) -> RunResult:

@@ -48,6 +48,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Literal
 
 from reward.cgroups import RunCgroup
@@ -281,7 +282,8 @@ class _Server:
         uid = self.lease.uid if self.lease else None
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control = host_end
-        self.spares: collections.deque[tuple[int, socket.socket]] = collections.deque()
+        self.spares: collections.deque[tuple[int, socket.socket, object]] = collections.deque()
+        self.on_spare: Callable[[socket.socket], object] | None = None  # prepares a spare as it arrives
         self.exits: dict[int, tuple[int | None, int | None]] = {}
         args = [str(server_end.fileno()), "isolated" if isolation == "bwrap" else "rlimits",
                 str(_processes_of_uid(uid))]
@@ -330,8 +332,10 @@ class _Server:
         except (OSError, ValueError, subprocess.TimeoutExpired):
             return ""
 
-    def take(self) -> tuple[int, socket.socket]:
-        """A spare process (its pid in the server's namespace, our socket to it); asks for the next."""
+    def take(self) -> tuple[int, socket.socket, object]:
+        """A spare process (its pid in the server's namespace, our socket to it, what `on_spare` returned).
+
+        Asks the server for the next one."""
         deadline = time.monotonic() + STARTUP_S
         while not self.spares:
             if not self.pump(deadline - time.monotonic()):
@@ -359,7 +363,7 @@ class _Server:
         if msg.get("op") == "spare" and fds:
             sock = socket.socket(fileno=fds[0])
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            self.spares.append((msg["pid"], sock))
+            self.spares.append((msg["pid"], sock, self.on_spare(sock) if self.on_spare else None))
         else:
             for fd in fds:
                 os.close(fd)
@@ -412,7 +416,7 @@ class _Server:
                 pass
         self._errors.close()
         self.control.close()
-        for _, sock in self.spares:
+        for _, sock, _ in self.spares:
             sock.close()
         self.spares.clear()
         if self.lease is not None:
@@ -499,14 +503,25 @@ class SandboxWorker:
         self.isolation = isolation
         self._program: _Server | None = None
         self._judge: _Server | None = None
-        self._cgroup: RunCgroup | None = None
-        self._runs = 0
-        self._cgroup_limits: tuple[int, int] | None = None
+        # Two cgroups used in turn: the next run's spare waits in one while a run uses the other,
+        # so placing a process in its cgroup (slow on cgroup v1) happens off a run's critical path.
+        self._groups: list[RunCgroup] = []
+        self._next_group = 0
+        self._group_limits: dict[int, tuple[int, int]] = {}
         try:
             self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote")
             self._judge = _Server(JUDGE_SOURCE, isolation, "judge")
+            self._program.on_spare = self._adopt
             if cgroup:
-                self._cgroup = RunCgroup.create(f"precisecoder-{os.getpid()}-{id(self):x}")
+                for i in range(2):
+                    group = RunCgroup.create(f"precisecoder-{os.getpid()}-{id(self):x}-{i}")
+                    if group is None:
+                        break
+                    self._groups.append(group)
+                if len(self._groups) < 2:
+                    for group in self._groups:
+                        group.remove()
+                    self._groups = []
         except BaseException:
             self.close()
             raise
@@ -524,7 +539,7 @@ class SandboxWorker:
 
     @property
     def cgroup_version(self) -> int | None:
-        return self._cgroup.version if self._cgroup else None
+        return self._groups[0].version if self._groups else None
 
     def alive(self) -> bool:
         return bool(self._program and self._judge and self._program.alive() and self._judge.alive())
@@ -561,18 +576,16 @@ class SandboxWorker:
         limits = job.limits
         owned: list = []
         try:
-            local_pid, host = self._program.take()
+            local_pid, host, (pid, group) = self._program.take()
             owned.append(host)
-            pid = _recv_hello(host)
             pidfd = os.pidfd_open(pid)
             owned.append(pidfd)
-            if self._cgroup is not None:
-                self._cgroup.kill_all()
-                if self._cgroup_limits != (limits.memory_mb, limits.max_processes):
-                    self._cgroup.set_limits(limits.memory_mb, limits.max_processes)
-                    self._cgroup_limits = (limits.memory_mb, limits.max_processes)
-                oom_before = self._cgroup.oom_kills()
-                self._cgroup.add(pid)
+            if group is not None:
+                wanted = (limits.memory_mb, limits.max_processes)
+                if self._group_limits.get(id(group)) != wanted:
+                    group.set_limits(*wanted)
+                    self._group_limits[id(group)] = wanted
+                oom_before = group.oom_kills()
             stdout_fd, stderr_fd = _memfd("stdout"), _memfd("stderr")
             stdin_fd = _memfd("stdin", stdin.encode("utf-8", "surrogatepass"))
             owned += [stdout_fd, stderr_fd, stdin_fd]
@@ -582,7 +595,7 @@ class SandboxWorker:
                 call_program, call_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 owned += [call_program, call_judge]
                 fds["judge"] = call_program.fileno()
-                _, judge_sock = self._judge.take()
+                _, judge_sock, _ = self._judge.take()
                 owned.append(judge_sock)
                 judge_pidfd = os.pidfd_open(_recv_hello(judge_sock))
                 owned.append(judge_pidfd)
@@ -603,11 +616,11 @@ class SandboxWorker:
                 send_frame(host, job_msg)
             except OSError:
                 pass  # it died already: its exit report follows
-            out = self._wait(mode, local_pid, host, pid, pidfd, judge, limits.timeout_s)
+            out = self._wait(mode, local_pid, host, pid, pidfd, judge, group, limits.timeout_s)
             out.stdout = _read_fd(stdout_fd)
             out.stderr = _excerpt(stderr_fd)
-            if self._cgroup is not None:
-                out.oom = self._cgroup.oom_kills() > oom_before
+            if group is not None:
+                out.oom = group.oom_kills() > oom_before
             return out
         except (OSError, CodecError, TypeError, ValueError) as e:
             self.close()
@@ -616,8 +629,20 @@ class SandboxWorker:
             for item in owned:
                 _close(item)
 
+    def _adopt(self, sock: socket.socket) -> tuple[int, RunCgroup | None]:
+        """A new spare run process: its pid (from the kernel) and the cgroup it now waits in."""
+        pid = _recv_hello(sock)
+        if pid is None:
+            raise WorkerDied("a spare run process died before saying hello")
+        group = None
+        if self._groups:
+            group = self._groups[self._next_group]
+            self._next_group = 1 - self._next_group
+            group.add(pid)
+        return pid, group
+
     def _wait(self, mode: str, local_pid: int, host: socket.socket, pid: int, pidfd: int,
-              judge: tuple[socket.socket, int] | None, timeout_s: float) -> _Outcome:
+              judge: tuple[socket.socket, int] | None, group: RunCgroup | None, timeout_s: float) -> _Outcome:
         """Wait for the run's end (and the judge's outcome) or its deadline; kill it at the deadline."""
         out = _Outcome()
         sel = selectors.DefaultSelector()
@@ -643,7 +668,7 @@ class SandboxWorker:
                     if killed:
                         raise WorkerDied("sandbox run did not report its end")
                     out.timed_out = killed = True
-                    self._kill(pid, pidfd, judge)
+                    self._kill(pid, pidfd, judge, group)
                     deadline = now + GRACE_S
                     continue
                 for key, _ in sel.select(deadline - now):
@@ -665,17 +690,17 @@ class SandboxWorker:
                             out.judge = {"outcome": "killed", "detail": "the test process ended without an outcome"}
                         sel.unregister(judge[0])
                         if out.judge.get("outcome") != "pass" and not out.exited and not killed:
-                            self._kill(pid, pidfd, None)
+                            self._kill(pid, pidfd, None, group)
                             killed, deadline = True, time.monotonic() + GRACE_S
             if self.isolation == "rlimits":
                 _killpg(pid)
-            if self._cgroup is not None:
-                self._cgroup.kill_all()
+            if group is not None:
+                group.kill_all()
             return out
         finally:
             sel.close()
 
-    def _kill(self, pid: int, pidfd: int, judge: tuple[socket.socket, int] | None) -> None:
+    def _kill(self, pid: int, pidfd: int, judge: tuple[socket.socket, int] | None, group: RunCgroup | None) -> None:
         """End the run: its namespace's pid 1 (hence all of it), its cgroup, its process group, its test."""
         for fd in (pidfd, judge[1] if judge else None):
             if fd is not None:
@@ -685,8 +710,8 @@ class SandboxWorker:
                     pass
         if self.isolation == "rlimits":
             _killpg(pid)
-        if self._cgroup is not None:
-            self._cgroup.kill_all(wait_s=0.0)
+        if group is not None:
+            group.kill_all(wait_s=0.0)
 
     def close(self) -> None:
         """Kill both sandboxes, remove the cgroup, release the uids."""
@@ -694,9 +719,9 @@ class SandboxWorker:
             if server is not None:
                 server.close()
         self._program = self._judge = None
-        if self._cgroup is not None:
-            self._cgroup.remove()
-            self._cgroup = None
+        for group in self._groups:
+            group.remove()
+        self._groups = []
 
 
 def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
