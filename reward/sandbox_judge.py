@@ -150,7 +150,8 @@ def bind_names(names, channel):
         raise ProxyError("malformed name list from the program")
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
     for name, desc in names.items():
-        if not name.isidentifier() or hasattr(builtins, name) or not isinstance(desc, list) or not desc:
+        if not name.isidentifier() or name.startswith("__") or hasattr(builtins, name) \
+                or not isinstance(desc, list) or not desc:
             continue
         kind = desc[0]
         if kind == "callable":

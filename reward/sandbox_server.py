@@ -24,6 +24,7 @@ descriptor the host reads and compares.
 import atexit
 import builtins
 import ctypes
+import json
 import os
 import random
 import resource
@@ -44,6 +45,7 @@ PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 MUTABLE = (list, dict, set, bytearray)
+MAX_CONSTANT_BYTES = 1 << 20  # a larger module-level value is not copied to the tests
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -161,8 +163,11 @@ def describe_names(namespace):
             names[name] = ["callable"]
         else:
             try:
-                names[name] = ["value", to_wire(value)]
-            except (CodecError, RecursionError):
+                wire = to_wire(value)
+                if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
+                    raise CodecError("too large to copy")
+                names[name] = ["value", wire]
+            except (CodecError, RecursionError, ValueError):
                 names[name] = ["other", type(value).__name__]
     return names
 

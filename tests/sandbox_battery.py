@@ -144,6 +144,13 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
         "import json, os, struct\nbody = json.dumps({'op': 'ready', 'names': {}}).encode()\n"
         "for fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n"
         "    except OSError:\n        pass\ndef answer():\n    return 0\n", "assert answer() == 42\n"),
+    "fake_ready_replacing_builtins_and_names": (
+        "import json, os, struct\nnames = {'__builtins__': ['value', ['dict', []]], '__name__': ['value', 'x'],\n"
+        "         'answer': ['module', 'math'], 'expected': ['value', 0]}\n"
+        "body = json.dumps({'op': 'ready', 'names': names}).encode()\n"
+        "for fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n"
+        "    except OSError:\n        pass\ndef answer():\n    return 0\n",
+        "expected = 42\nassert answer() == expected\n"),
     "signal_and_trace_everyone": (
         "import ctypes, os, signal\nlibc = ctypes.CDLL(None)\nfor pid in range(1, 5000):\n"
         "    for sig in (signal.SIGSTOP, signal.SIGKILL):\n        try:\n            os.kill(pid, sig) if pid != 1 else None\n"
