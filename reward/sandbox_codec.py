@@ -6,8 +6,9 @@ sandbox servers' sources, which run in a bare interpreter (`python -I -S -c`).
 Only None, bool, int, float (inf and nan included), complex, str, bytes,
 bytearray, list, tuple, dict, set and frozenset cross, nested at most
 `MAX_DEPTH` deep, at most `MAX_ITEMS` values and `MAX_BYTES` bytes per message.
-JSON null, booleans, integers and strings stand for themselves; every other
-value is a JSON list whose first element names its type (`["float", "nan"]`,
+JSON null, booleans, integers of at most 63 bits and strings stand for
+themselves; every other value is a JSON list whose first element names its type
+(`["int", "<hex>"]` for larger integers, `["float", "nan"]`,
 `["tuple", [...]]`, `["dict", [[k, v], ...]]`). A subclass of a plain type
 crosses as its base type, so the receiver only ever builds built-in values:
 no pickle, no marshal, no object whose methods the sender chose.
@@ -22,7 +23,8 @@ import struct
 MAX_DEPTH = 100
 MAX_ITEMS = 1_000_000
 MAX_BYTES = 16 << 20
-_INT_DIGITS = 4000
+MAX_INT_BITS = 1 << 20
+_JSON_INT_BITS = 63  # larger integers cross in hexadecimal (no decimal digit limit applies)
 
 
 class CodecError(ValueError):
@@ -57,9 +59,10 @@ def to_wire(value, depth=0, budget=None):
         return bool(value)
     if isinstance(value, int):
         number = int.__index__(value)
-        if abs(number).bit_length() > _INT_DIGITS * 3:
-            raise CodecError("integer too large")
-        return number
+        bits = number.bit_length()
+        if bits > MAX_INT_BITS:
+            raise CodecError(f"integer over {MAX_INT_BITS} bits")
+        return number if bits <= _JSON_INT_BITS else ["int", format(number, "x")]
     if isinstance(value, float):
         return ["float", _float_text(value)]
     if isinstance(value, complex):
@@ -114,12 +117,21 @@ def from_wire(obj, depth=0, budget=None):
     budget.spend()
     if depth > MAX_DEPTH:
         raise CodecError(f"nested deeper than {MAX_DEPTH}")
-    if obj is None or type(obj) in (bool, int, str):
+    if obj is None or type(obj) in (bool, str):
+        return obj
+    if type(obj) is int:
+        if obj.bit_length() > _JSON_INT_BITS:
+            raise CodecError("a large integer must use the int tag")
         return obj
     if type(obj) is not list or not obj or type(obj[0]) is not str:
         raise CodecError(f"not a plain-data encoding: {type(obj).__name__}")
     tag, rest = obj[0], obj[1:]
     try:
+        if tag == "int" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= MAX_INT_BITS // 4 + 1:
+            try:
+                return int(rest[0], 16)
+            except ValueError:
+                raise CodecError("bad int") from None
         if tag == "float" and len(rest) == 1:
             return _float(rest[0])
         if tag == "complex" and len(rest) == 2:

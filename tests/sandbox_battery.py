@@ -216,6 +216,8 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
                      "e": [1.5, float("inf"), -0.0, 2 + 3j, 10 ** 30, True, "ünï"]}
         assert type(r["a"][1]) is tuple and type(r["b"]["c"]) is frozenset and r["e"][5] is True
         ''')),
+    "big_integers": ("def fact(n):\n    out = 1\n    for i in range(2, n + 1):\n        out *= i\n    return out\n",
+                     "import math\nassert fact(3000) == math.factorial(3000)\nassert fact(20) == 2432902008176640000\n"),
     "nan_crosses": ("def f():\n    return float('nan')\n", "import math\nassert math.isnan(f())\n"),
     "floats_with_isclose": ("import math\ndef area(r):\n    return math.pi * r * r\n",
                             "import math\nassert math.isclose(area(2), 12.566370614359172, rel_tol=1e-9)\n"

@@ -11,12 +11,17 @@ from reward.cgroups import RunCgroup
 from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wire, loads
 
 
-@pytest.mark.parametrize("value", [None, True, 0, -5, 10 ** 40, 1.5, -0.0, float("inf"), 2 - 3j, "", "ünï\u2028",
+@pytest.mark.parametrize("value", [None, True, 0, -5, 10 ** 40, -(3 ** 5000), 2 ** 63, 1.5, -0.0, float("inf"), 2 - 3j, "", "ünï\u2028",
                                    b"\x00\xff", bytearray(b"ab"), [], [1, [2, [3]]], (1, (2,)), {1: {"a": (2,)}},
                                    {1, "a"}, frozenset({(1, 2)}), {(1, 2): frozenset()}])
 def test_round_trip_keeps_types_and_values(value):
     back = decode(encode(value))
     assert back == value and type(back) is type(value)
+
+
+def test_integers_beyond_the_decimal_digit_limit_cross():
+    big = -(7 ** 6000)  # more digits than int() parses from decimal text by default
+    assert decode(encode([big])) == [big]
 
 
 def test_nan_and_subclasses_cross_as_builtins():
@@ -38,7 +43,7 @@ def test_other_types_are_refused(value):
 
 @pytest.mark.parametrize("text", ['{"a": 1}', '["float", "x"]', '["list", 3]', '["set", [["list", []]]]',
                                   '["dict", [[1]]]', '["evil", []]', '1.5', '["bytes", "!!"]', "NaN", "[" * 5000,
-                                  '["dict", [[["list", []], 1]]]', "1" * 5000])
+                                  '["dict", [[["list", []], 1]]]', "1" * 5000, '["int", "zz"]', str(2 ** 70)])
 def test_hostile_bytes_raise_codec_error_only(text):
     with pytest.raises(CodecError):
         decode(text)
