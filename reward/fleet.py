@@ -168,8 +168,7 @@ class Fleet:
             for _ in range(self.timeout_retries):
                 if result.status != "timeout":
                     break
-                with self._lock:
-                    self.stats.retries += 1
+                self._count("retries")
                 result = self._run_on(slot, job)
             return result
         except Exception as e:  # noqa: BLE001 - one job's failure must not take the batch down
@@ -183,7 +182,7 @@ class Fleet:
                 if worker is None or not worker.alive():
                     if worker is not None:
                         worker.close()
-                        self.stats.worker_restarts += 1
+                        self._count("worker_restarts")
                     worker = self._workers[slot] = SandboxWorker(self.isolation)
                 return worker.run(job)
             except (WorkerDied, RuntimeError, OSError) as e:
@@ -191,10 +190,14 @@ class Fleet:
                 if self._workers[slot] is not None:
                     self._workers[slot].close()
                     self._workers[slot] = None
-                    self.stats.worker_restarts += 1
+                    self._count("worker_restarts")
                 if attempt == 0:
-                    self.stats.retries += 1
+                    self._count("retries")
         return _error(f"sandbox worker failed twice: {error}")
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
 
     def _remember(self, key: str, result: RunResult) -> None:
         self._cache[key] = result
