@@ -104,3 +104,11 @@ def test_malformed_pdb(tmp_path, capsys):
     rc, line = _run(["data", "import-pdb", "--data", data, "--tests", tests, "--out", out], capsys)
     assert rc == 2 and "record 1: missing field" in line, line
     assert sorted(os.listdir(tmp_path)) == ["pdb.json", "tests.json"]
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path):
+    from reward.schema import write_jsonl
+
+    with pytest.raises(TypeError):
+        write_jsonl(tmp_path / "out.jsonl", [{"ok": 1}, {"bad": {1, 2}}])
+    assert os.listdir(tmp_path) == []
