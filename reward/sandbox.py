@@ -270,6 +270,16 @@ def _probe_bwrap() -> str | None:
     return None if result.passed else f"probe run failed: {result.status} {result.stderr[-300:]}"
 
 
+_cgroup_warned = threading.Event()
+
+
+def _warn_no_cgroup() -> None:
+    if not _cgroup_warned.is_set():
+        _cgroup_warned.set()
+        warnings.warn("no writable cgroup (v1 memory+pids or v2): memory and process limits hold per process "
+                      "only, not per run (see docs/sandbox.md)", RuntimeWarning, stacklevel=3)
+
+
 class WorkerDied(RuntimeError):
     """A sandbox server crashed, was killed, or stopped answering."""
 
@@ -522,6 +532,7 @@ class SandboxWorker:
                     for group in self._groups:
                         group.remove()
                     self._groups = []
+                    _warn_no_cgroup()
         except BaseException:
             self.close()
             raise
