@@ -1,11 +1,13 @@
-"""The verification fleet: sandbox workers over the machine's cores behind one call.
+"""The verification fleet: sandbox workers over the machine's cores behind one thread-safe call.
 
 `Fleet.run(jobs)` takes many (program, tests, limits) jobs and returns their
-results in order. Identical jobs (same content address, `Job.key()`) are run
-once: repeats within a batch and across batches come from the cache, which can
-also persist on disk so a rerun of a long build resumes instead of starting
-over. A worker that crashes or hangs is replaced and its job retried once, then
-reported as `error`: nothing hangs and no job is silently dropped.
+results in order; several threads may call it at once. Identical jobs (same
+content address, `Job.key()`) are run once: repeats within a batch and across
+batches come from the cache, which can also persist on disk so a rerun of a long
+build resumes instead of starting over (timeouts are never cached: load can cause
+them). A worker that crashes or hangs is replaced and its job retried once, then
+reported as `error`; any other failure around one job is that job's `error`:
+nothing hangs, no job is silently dropped, and no batch fails as a whole.
 
 `grain_dataset(jobs)` exposes the same work as a Grain dataset whose worker
 processes each own a sandbox, for pipelines that feed rewards through Grain.
