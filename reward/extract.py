@@ -94,3 +94,17 @@ def extract_program(response: str, think_opened: bool = False) -> str | None:
         return python[-1]
     bare = [content for info, content in blocks if not info]
     return bare[-1] if bare else None
+
+
+def missing_program_reason(response: str, think_opened: bool = False) -> str | None:
+    """Why `extract_program` finds no program, or None when it finds one.
+
+    "think block never closed", "no closed code block", or "no python or
+    unlabelled code block" (closed blocks in other languages only).
+    """
+    answer = answer_text(response, think_opened)
+    if answer is None:
+        return "think block never closed"
+    if extract_program(response, think_opened) is not None:
+        return None
+    return "no python or unlabelled code block" if fenced_blocks(answer) else "no closed code block"

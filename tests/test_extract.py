@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reward.extract import answer_text, extract_program, fenced_blocks
+from reward.extract import answer_text, extract_program, fenced_blocks, missing_program_reason
 
 
 def test_plain_python_block():
@@ -113,3 +113,11 @@ def test_info_string_is_trimmed_of_spaces_and_tabs_only():
     """CommonMark trims spaces and tabs; a no-break space makes a non-empty info string."""
     assert extract_program("```\u00a0\nq\n```") is None
     assert extract_program("``` \t\nq\n```") == "q"
+
+
+def test_missing_program_reason():
+    assert missing_program_reason("```python\nx\n```") is None
+    assert missing_program_reason("draft ```python\nx\n```", think_opened=True) == "think block never closed"
+    assert missing_program_reason("<think>\nplan") == "think block never closed"
+    assert missing_program_reason("</think>\n```python\nnever closed\n") == "no closed code block"
+    assert missing_program_reason("```bash\nls\n```") == "no python or unlabelled code block"

@@ -19,7 +19,7 @@ TASKS = [
     Task("inc#2", "inc", "increment", BUGGY, FIXED, TESTS, epsilon=0),
 ]
 KEYS = {"task_id", "valid", "unit", "precision", "recall", "f1", "edited_lines", "faults", "faults_fixed",
-        "noop", "damage", "reward", "blocks", "components", "runs"}
+        "noop", "damage", "reward", "blocks", "components", "runs", "window_search_capped"}
 
 
 def _files(tmp_path, predictions):
@@ -69,6 +69,27 @@ def test_epsilon_flag_and_task_override(tmp_path):
     # |ess| = 2, credit 2, p = 1. inc#2 (ε = 0, cap 1): credit 1, p = 1/2.
     assert [r["precision"] for r in rows] == [1.0, 0.5]
     assert [r["runs"] for r in rows] == [3, 1]
+
+
+def test_max_window_runs_and_think_opened_flags(tmp_path):
+    # Comment + fix in one block: windows [insert comment] (fails), [modify] (passes). With
+    # --max-window-runs 1 the bound is reached first: |ess| = ℓ_K = 2, credit 2, p = 1, capped.
+    code = FIXED.replace("    return x + 1", "    # off by one\n    return x + 1")
+    answer = f"```python\n{FIXED}```"
+    tasks, preds = _files(tmp_path, [Prediction("inc#1", code=code), Prediction("inc#1", response=answer),
+                                     Prediction("inc#1", response=answer, think_opened=False)])
+    out = tmp_path / "scores.jsonl"
+    args = ["score", "--tasks", str(tasks), "--predictions", str(preds), "--out", str(out), "--workers", "1",
+            "--no-progress"]
+    assert main(args + ["--max-window-runs", "1", "--think-opened"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rows[0]["precision"], rows[0]["window_search_capped"], rows[0]["runs"]) == (1.0, True, 2)
+    # --think-opened: a response without </think> has no answer, unless the record says otherwise.
+    assert [r["valid"] for r in rows[1:]] == [False, True]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rows[0]["precision"], rows[0]["window_search_capped"]) == (0.5, False)
+    assert [r["valid"] for r in rows[1:]] == [True, True]
 
 
 def test_malformed_record_names_file_and_line(tmp_path, capsys):
