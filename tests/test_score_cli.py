@@ -119,8 +119,13 @@ def test_bad_json_in_tasks(tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_score_prints_table_and_json():
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_score.py"
-    done = subprocess.run([sys.executable, str(script), "--tasks", "6", "--k", "2", "--workers", "2", "--json"],
+    done = subprocess.run([sys.executable, str(script), "--tasks", "6", "--k", "2", "--workers", "2", "--json",
+                           "--worst-lines", "300"],
                           capture_output=True, text=True, timeout=300, check=True)
     lines = done.stdout.strip().splitlines()
     assert "preds/s" in done.stdout
-    assert set(json.loads(lines[-1])) == {"predictions_per_s", "runs_per_prediction", "batch96_s"}
+    summary = json.loads(lines[-1])
+    assert set(summary) == {"predictions_per_s", "runs_per_prediction", "batch96_s", "worst_case"}
+    # 300 lines before the fix: the first 256 windows (comments) fail, so the bound caps the search.
+    assert summary["worst_case"]["before"]["runs"] <= 2 + 256 and summary["worst_case"]["before"]["window_search_capped"]
+    assert not summary["worst_case"]["after"]["window_search_capped"]
