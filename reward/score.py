@@ -14,7 +14,8 @@ the usual case. Within a call, identical jobs are sent once, and a job seen
 in an earlier phase is not sent again, so no program runs twice even without
 the fleet's cache; programs that differ only in whitespace at their very end
 (which Python ignores) count as identical. A prediction's `runs` counts its
-distinct jobs, at most 1 + |components| + max_window_runs.
+distinct jobs: at most 1 + |components| + max_window_runs plus, per
+component, the rest of the batch behind its first passing window.
 
 Choices the specification leaves open are listed in docs/reward.md.
 """
