@@ -77,7 +77,7 @@ MAX_MEMORY_MB = 1 << 20
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Resource limits of one test run (defaults: 5 s wall clock, 1 GiB for the whole run)."""
+    """Resource limits of one test run (defaults: 5 s wall clock, 1 GiB for the whole run; docs/sandbox.md)."""
 
     timeout_s: float = 5.0
     memory_mb: int = 1024
