@@ -179,6 +179,19 @@ SOLUTIONS = {
     "io_forge_frames": f"print({SECRET!r})\n",
 }
 DEFAULT_SOLUTION = "def answer():\n    return 42\n"
+# The buggy program of each case's task: one wrong line of its solution.
+BUGGY = {
+    "steal_secret_from_memory_frames_fds_disk": "def leak():\n    return ''\n",
+    "always_equal_str_subclass": "def answer():\n    return 'no'\n",
+    "patch_builtins_sorted_and_len": "def answer():\n    return [3, 1]\n",
+    "shadow_builtins_at_top_level": "def answer():\n    return [1, 3]\n",
+    "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < -5:\n        raise ValueError(x)\n"
+                                                   "    return 42\n",
+    "return_a_generator": "def answer():\n    return [41]\n",
+    "io_steal_expected_output": "print('')\n",
+    "io_forge_frames": "print('')\n",
+}
+DEFAULT_BUGGY = "def answer():\n    return 41\n"
 
 HOSTILE_IO: dict[str, tuple[str, str, str]] = {
     # name -> (program, stdin, expected stdout)
