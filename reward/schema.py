@@ -77,6 +77,11 @@ class Task:
     memory_mb: int | None = None
 
     @property
+    def forgeable(self) -> bool:
+        """Its tests run `inprocess`, where the program could forge the verdict: keep it out of training."""
+        return isinstance(self.tests, AssertTests) and self.tests.mode == "inprocess"
+
+    @property
     def is_clean(self) -> bool:
         """A clean task has no fault: diff(buggy_code, solution) has no block (m = 0).
 
