@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
                         help=f"completion tokens, thinking included (default: {defaults.max_tokens})")
     parser.add_argument("--thinking-budget", type=_budget, default=defaults.thinking_budget,
-                        help=f"close an open think block after B tokens, or `none` (default: {defaults.thinking_budget})")
+                        help="close an open think block after B tokens, or `none` "
+                             f"(default: {defaults.thinking_budget})")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (default: 0)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="compute dtype of the jax engine (default: float32)")
