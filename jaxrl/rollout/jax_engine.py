@@ -295,10 +295,10 @@ class JaxEngine(Engine):
         width = -(-max(len(stops), 1) // 8) * 8  # a few fixed widths, so new stop lists rarely recompile
         budget = NO_BUDGET if params.thinking_budget is None or t.think_open is None else params.thinking_budget
         return StepConsts(stop_ids=jnp.asarray(stops + (-1,) * (width - len(stops)), jnp.int32),
-                     close_ids=jnp.asarray(t.close_think, jnp.int32),
-                     think_open=jnp.asarray(-1 if t.think_open is None else t.think_open, jnp.int32),
-                     think_close=jnp.asarray(-1 if t.think_close is None else t.think_close, jnp.int32),
-                     budget=jnp.asarray(budget, jnp.int32), limit=jnp.asarray(params.max_tokens, jnp.int32))
+                          close_ids=jnp.asarray(t.close_think, jnp.int32),
+                          think_open=jnp.asarray(-1 if t.think_open is None else t.think_open, jnp.int32),
+                          think_close=jnp.asarray(-1 if t.think_close is None else t.think_close, jnp.int32),
+                          budget=jnp.asarray(budget, jnp.int32), limit=jnp.asarray(params.max_tokens, jnp.int32))
 
     def _opens(self, prompt: Sequence[int]) -> bool:
         if self.prompt_opens_think is not None:
