@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("reward.check_cli", "verify a task set, or run predictions against their tests"),
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
+    "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
 }
 
 
