@@ -256,3 +256,49 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert cli.main(["eval", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+KILLED_RUN = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from eval_fakes import TASKS, TableEngine
+from jaxrl.eval import EvalSettings, evaluate
+from models.tokenizer import load_tokenizer
+
+class Slow(TableEngine):
+    def generate(self, prompts, params):
+        out = super().generate(prompts, params)
+        time.sleep(0.3 if len(self.calls) <= 3 else 600)
+        return out
+
+tok = load_tokenizer("qwen3_5")
+evaluate(Slow(tok), tok, TASKS, EvalSettings(), fleet=None, model={{"name": "table"}}, out_dir={out!r}, batch_size=1)
+"""
+
+
+def test_resume_after_sigkill(tok, fleet, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    script = KILLED_RUN.format(tests=os.path.dirname(__file__), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = out / "predictions.jsonl"
+            if path.exists() and len(path.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
+    engine, resumed = run(tok, fleet, out, batch_size=1)
+    assert sum(len(texts) for texts, _ in engine.calls) == len(TASKS) - 3
+    _, whole = run(tok, fleet, batch_size=1)
+    assert resumed.samples == whole.samples
+    assert (out / "scores.jsonl").exists() and json.loads((out / "summary.json").read_text())["samples"] == 5
