@@ -1,7 +1,10 @@
-"""The program inside a model response (REWARD_SPEC.md, "Extracting the program").
+"""The program inside a model response (docs/reward.md, "Extracting the program").
 
-The answer is the text after the last `</think>`; a response that opens a think
-block and never closes it has no answer. Fenced blocks follow CommonMark: an
+The answer is the text after the last `</think>`. A response whose think block
+never closes has no answer: one that opens `<think>` itself (Qwen3) and one
+that continues a prompt which already opened it (`think_opened=True`: the
+Qwen3.5/3.6 chat template with thinking on ends the prompt with `<think>`).
+Fenced blocks follow CommonMark: an
 opening fence is 3+ backticks or tildes indented by at most 3 spaces (a
 backtick fence's info string may not contain a backtick); the closing fence is
 the same character, at least as long, indented by at most 3 spaces, with only
@@ -24,11 +27,17 @@ _PYTHON_INFO = frozenset({"python", "python3", "py"})
 _FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
 
 
-def answer_text(response: str) -> str | None:
-    """The part of a response after its thinking, or None if the think block never closes."""
+def answer_text(response: str, think_opened: bool = False) -> str | None:
+    """The part of a response after its thinking, or None if the think block never closes.
+
+    Args:
+        response: the completion, without the prompt.
+        think_opened: True when the prompt already opened the think block, so the
+            response starts inside it.
+    """
     if _THINK_CLOSE in response:
         return response.rsplit(_THINK_CLOSE, 1)[1]
-    if response.lstrip().startswith(_THINK_OPEN):
+    if think_opened or response.lstrip().startswith(_THINK_OPEN):
         return None
     return response
 
@@ -66,9 +75,17 @@ def _language(info: str) -> str:
     return words[0].lower() if words else ""
 
 
-def extract_program(response: str) -> str | None:
-    """The program of a response: its last python block, else its last unlabelled block, else None."""
-    answer = answer_text(response)
+def extract_program(response: str, think_opened: bool = False) -> str | None:
+    """The program of a response: its last python block, else its last unlabelled block, else None.
+
+    Args:
+        response: the model's completion, without the prompt.
+        think_opened: whether the rendered prompt ended inside an open `<think>` block
+            (Qwen3.5/3.6 with thinking on). Then a response without `</think>` was
+            cut off while thinking and has no program. Set it from the chat
+            template, never from the response. Qwen3 and thinking-off prompts: False.
+    """
+    answer = answer_text(response, think_opened)
     if answer is None:
         return None
     blocks = fenced_blocks(answer)

@@ -1,4 +1,4 @@
-"""Response → program extraction (REWARD_SPEC.md, "Extracting the program")."""
+"""Response → program extraction (docs/reward.md, "Extracting the program")."""
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +48,20 @@ def test_text_after_last_think_close():
 def test_unclosed_think_has_no_answer():
     assert answer_text("  \n<think>\nI will write ```python\nx\n```") is None
     assert extract_program("  <think>\n```python\nx = 1\n```\n") is None
+
+
+def test_prompt_opened_think_block_must_be_closed():
+    """Qwen3.5/3.6 with thinking on: the prompt ends with <think>, so the response starts inside it."""
+    draft = "The bug is the + 1. Draft:\n```python\nx = 1\n```\n"
+    assert extract_program(draft) == "x = 1"  # a response to a prompt without an open think block
+    assert extract_program(draft, think_opened=True) is None  # cut off while thinking
+    assert answer_text(draft, think_opened=True) is None
+    closed = draft + "</think>\nFixed:\n```python\nx = 2\n```"
+    assert extract_program(closed, think_opened=True) == "x = 2"
+    assert extract_program("thinking</think>\nno code", think_opened=True) is None
+    # A Qwen3 response that opens the block itself and never closes it: invalid either way.
+    assert extract_program("<think>\n" + draft) is None
+    assert extract_program("<think>\n" + draft, think_opened=True) is None
 
 
 def test_think_tag_later_in_text_does_not_hide_answer():
