@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -15,7 +14,6 @@ from jaxrl.eval.protocol import invalid_reason, response_text
 from jaxrl.eval.stats import bootstrap_ci
 from jaxrl.rollout.engine import Completion
 from models.tokenizer import load_tokenizer
-from reward import score_cli
 from reward.fleet import Fleet
 from reward.schema import Prediction, write_tasks
 from reward.score import aggregate, score_predictions
@@ -54,16 +52,17 @@ def test_budgets_follow_the_paper():
         EvalSettings(thinking_budget=6144, max_tokens=6144)
 
 
-def test_response_text_puts_the_opened_think_back_and_wraps_separate_reasoning():
+def test_response_text_keeps_token_text_and_wraps_separate_reasoning():
     c = Completion((1,), (0.0,), "stop", "why\n</think>\n\nok", "why", "\n\nok")
-    assert response_text(c, think_opened=True) == "<think>\nwhy\n</think>\n\nok"
-    assert response_text(c, think_opened=False) == c.text
+    assert response_text(c) == c.text
+    cut = Completion((1,), (0.0,), "length", "never closed", "never closed", "")
+    assert response_text(cut) == "never closed"
+    assert invalid_reason(response_text(cut), think_opened=True) == "unclosed_think"
     api = Completion((1,), (0.0,), "stop", "```python\nx = 1\n```", "my reasoning", "```python\nx = 1\n```")
-    assert response_text(api, think_opened=False) == "<think>\nmy reasoning\n</think>\n\n```python\nx = 1\n```"
-    assert invalid_reason(response_text(Completion((), (), "length", "never closed", "never closed", ""), True)) \
-        == "unclosed_think"
-    assert invalid_reason("") == "empty" and invalid_reason("no code") == "no_code_block"
-    assert invalid_reason("```js\nx\n```") == "no_python_block"
+    assert response_text(api) == "<think>\nmy reasoning\n</think>\n\n```python\nx = 1\n```"
+    assert invalid_reason(response_text(api), think_opened=False) is None
+    assert invalid_reason("", True) == "empty" and invalid_reason("no code", False) == "no_code_block"
+    assert invalid_reason("```js\nx\n```", False) == "no_python_block"
 
 
 def test_prompts_reach_the_engine_as_the_chat_template_renders_them(tok, fleet):
@@ -99,15 +98,14 @@ def test_outputs_and_scores_equal_precisecoder_score(tok, fleet, tmp_path):
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [p["task_id"] for p in preds] == [t.task_id for t in TASKS]
     add = preds[0]
-    assert add["response"] == "<think>\n" + ANSWERS["Return the sum of a and b."]
+    assert add["response"] == ANSWERS["Return the sum of a and b."] and add["think_opened"] is True
     assert add["thinking"] == "Minus should be plus.\n" and add["answer"].startswith("\n\n```python")
 
     tasks_file = tmp_path / "tasks.jsonl"
     write_tasks(tasks_file, TASKS)
-    args = argparse.Namespace(tasks=str(tasks_file), predictions=str(out / "predictions.jsonl"),
-                              out=str(tmp_path / "scored.jsonl"), lam=1 / 3, epsilon=1, workers=2, timeout=5.0,
-                              summary_json=str(tmp_path / "agg.json"), isolation="auto", no_progress=True)
-    assert score_cli.main(args) == 0
+    assert cli.main(["score", "--tasks", str(tasks_file), "--predictions", str(out / "predictions.jsonl"),
+                     "--out", str(tmp_path / "scored.jsonl"), "--summary-json", str(tmp_path / "agg.json"),
+                     "--workers", "2", "--no-progress"]) == 0
     assert (tmp_path / "scored.jsonl").read_text() == (out / "scores.jsonl").read_text()
     summary = json.loads((out / "summary.json").read_text())
     agg = json.loads((tmp_path / "agg.json").read_text())
@@ -144,7 +142,7 @@ def test_several_samples_are_averaged_per_task(tok, fleet):
 
 def test_columns_match_aggregate_with_missing_tasks(tok, fleet):
     _, result = run(tok, fleet)
-    items = [(t, Prediction(t.task_id, response=s.response)) for t, s in zip(TASKS, result.samples)]
+    items = [(t, Prediction(t.task_id, response=s.response, think_opened=True)) for t, s in zip(TASKS, result.samples)]
     scores = score_predictions(items, fleet.run)
     assert [s.to_json() for s in scores] == [s.to_json() for s in result.scores]
     spec = aggregate(TASKS, scores[1:])  # the first task has no prediction: counted invalid

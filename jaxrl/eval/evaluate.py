@@ -53,6 +53,7 @@ class Sample:
         task_id: the task.
         sample: its index among the task's K samples.
         response: the full response the scorer reads (`precisecoder score` takes this file as is).
+        think_opened: the prompt opened the think block, so `response` starts inside it.
         thinking: the think block's text, None when there was none.
         answer: the text after the think block.
         finish_reason: "stop" or "length".
@@ -63,6 +64,7 @@ class Sample:
     task_id: str
     sample: int
     response: str
+    think_opened: bool
     thinking: str | None
     answer: str
     finish_reason: str
@@ -138,7 +140,7 @@ def batches(requests: Sequence[Request], settings: EvalSettings, size: int) -> l
 
 def samples_of(request: Request, completions: Sequence[Completion]) -> list[Sample]:
     """The prediction records of one task's completions."""
-    return [Sample(request.task.task_id, k, response_text(c, request.think_opened), c.thinking, c.answer,
+    return [Sample(request.task.task_id, k, response_text(c), request.think_opened, c.thinking, c.answer,
                    c.finish_reason, len(c.token_ids), c.budget_hit) for k, c in enumerate(completions)]
 
 
@@ -274,7 +276,7 @@ def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence
     clean = [t for t in tasks if t.is_clean]
     reasons: dict[str, int] = {}
     for s in samples:
-        reason = invalid_reason(s.response)
+        reason = invalid_reason(s.response, s.think_opened)
         if reason:
             reasons[reason] = reasons.get(reason, 0) + 1
     n = len(samples)
@@ -347,9 +349,11 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
     if log:
         log.finish(samples)
     by_id = {t.task_id: t for t in tasks}
-    items = [(by_id[s.task_id], Prediction(s.task_id, response=s.response)) for s in samples]
+    items = [(by_id[s.task_id], Prediction(s.task_id, response=s.response, think_opened=s.think_opened))
+             for s in samples]
     scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
-                               lam=settings.lam, epsilon=settings.epsilon, limits=Limits(timeout_s=settings.timeout_s))
+                               lam=settings.lam, epsilon=settings.epsilon, limits=Limits(timeout_s=settings.timeout_s),
+                               window_batch=2 * fleet.num_workers)
     summary = summarize(tasks, samples, scores, settings, model, task_set=task_set, candidates_replaced=replaced)
     if out_dir is not None:
         write_outputs(Path(out_dir), scores, summary)

@@ -24,6 +24,7 @@ from jaxrl.rollout.engine import Completion, SamplingParams
 from reward.diff import diff
 from reward.extract import answer_text, fenced_blocks, extract_program
 from reward.schema import Task
+from reward.score import program_of
 
 THINK_OPEN = "<think>\n"
 KINDS = ("single", "multi", "multi_line")
@@ -121,7 +122,7 @@ def candidate_program(candidate: Any, task: Task) -> tuple[str, bool]:
 
     `candidate` is a `reward.schema.Prediction` (code, or a response to extract from).
     """
-    program = candidate.code if candidate.code is not None else extract_program(candidate.response or "")
+    program = program_of(candidate)
     return (task.buggy_code, False) if program is None else (program, True)
 
 
@@ -130,34 +131,33 @@ def task_messages(task: Task, prompt: str, candidate: str | None = None) -> list
     return prompts.messages(prompt, task.prompt, task.buggy_code, candidate if prompt == "refine" else None)
 
 
-def response_text(completion: Completion, think_opened: bool) -> str:
-    """The full response as the scorer reads it (REWARD_SPEC "Extracting the program").
+def response_text(completion: Completion) -> str:
+    """The full response as the scorer reads it, with the prompt's `think_opened` beside it.
 
-    A prompt that already opened the think block (Qwen3.5 with thinking on) gets
-    `<think>\\n` put back in front, so a think block the model never closed stays
-    an answer-less response. An API that returns its reasoning apart from the
-    text gets it back as a closed think block in front of the answer.
+    An engine that returns token text gives it as is (a Qwen3.5 prompt with
+    thinking on opened the think block, so the text starts inside it). An API
+    that returns its reasoning apart from the text gets it back as a closed think
+    block in front of the answer, so nothing the model produced is lost.
     """
-    if think_opened:
-        return THINK_OPEN + completion.text
-    if completion.thinking is not None and "</think>" not in completion.text:
+    if completion.thinking is not None and "</think>" not in completion.text \
+            and not completion.text.startswith(completion.thinking):
         return f"{THINK_OPEN}{completion.thinking}\n</think>\n\n{completion.text}"
     return completion.text
 
 
-def invalid_reason(response: str) -> str | None:
+def invalid_reason(response: str, think_opened: bool) -> str | None:
     """Why a response has no program, None when it has one.
 
-    `empty` (nothing, or only the think tag the prompt opened), `unclosed_think`
-    (the think block never closes), `no_code_block` (no closed fenced block after
-    the thinking) or `no_python_block` (fenced blocks, none python or unlabelled).
+    `empty` (nothing, or only a think tag), `unclosed_think` (the think block never
+    closes), `no_code_block` (no closed fenced block after the thinking) or
+    `no_python_block` (fenced blocks, none python or unlabelled).
     """
     if response.strip() in ("", THINK_OPEN.strip()):
         return "empty"
-    answer = answer_text(response)
+    answer = answer_text(response, think_opened)
     if answer is None:
         return "unclosed_think"
-    if extract_program(response) is None:
+    if extract_program(response, think_opened) is None:
         return "no_code_block" if not fenced_blocks(answer) else "no_python_block"
     return None
 
