@@ -168,8 +168,9 @@ def test_resume_after_a_failed_engine_samples_only_the_rest(tok, fleet, tmp_path
     engine, resumed = run(tok, fleet, out, batch_size=2)
     asked = sorted(t for texts, _ in engine.calls for t in texts)
     assert asked == sorted(tok.render_chat(prompts.messages("minimal", t.prompt, t.buggy_code)) for t in TASKS[2:])
-    _, whole = run(tok, fleet, batch_size=2)
+    whole_engine, whole = run(tok, fleet, batch_size=2)
     assert resumed.samples == whole.samples
+    assert {p.seed for _, p in engine.calls} < {p.seed for _, p in whole_engine.calls}  # batches keep their seeds
     assert [s.to_json() for s in resumed.scores] == [s.to_json() for s in whole.scores]
 
 

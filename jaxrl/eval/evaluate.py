@@ -9,9 +9,10 @@ batches finish, so an interrupted run continues where it stopped.
 
 Generation goes in batches of prompts that share their sampling parameters
 (buggy and clean tasks differ in thinking budget); up to `concurrency` batches
-are in flight at once (HTTP engines; the embedded engine wants 1), a failed
-batch is retried with backoff, and each batch draws its own seed from the run's
-seed and its first task, so batch boundaries do not move when a run resumes.
+are in flight at once (HTTP engines; the embedded engine wants 1), and a failed
+batch is retried with backoff. Batches are cut from the whole task list and each
+draws its seed from the run's seed and its first task, so on resume a batch
+keeps its seed and only its tasks not yet sampled are sent.
 """
 
 from __future__ import annotations
@@ -158,7 +159,10 @@ class PredictionLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         run_path = self.dir / RUN
         if run_path.exists():
-            previous = json.loads(run_path.read_text(encoding="utf-8"))
+            try:
+                previous = json.loads(run_path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise EvalError(f"{run_path} is unreadable ({e}); use another --out directory") from None
             changed = sorted(k for k in set(previous) | set(run) if previous.get(k) != run.get(k))
             if changed:
                 raise EvalError(f"{self.dir} holds a run with other {', '.join(changed)}; "
@@ -233,9 +237,10 @@ def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettin
                retries: int = 2, backoff_s: float = 1.0, progress: bool = False) -> dict[str, list[Sample]]:
     """task_id -> its K samples, for every request; batches already in `log` are not sampled again."""
     done: dict[str, list[Sample]] = dict(log.done) if log else {}
-    todo = [r for r in requests if r.task.task_id not in done]
-    work = batches(todo, settings, batch_size)
-    bar = tqdm(total=len(requests), initial=len(requests) - len(todo), desc="sampling", unit="task",
+    work = [([r for r in batch if r.task.task_id not in done], params)
+            for batch, params in batches(requests, settings, batch_size)]
+    work = [(batch, params) for batch, params in work if batch]
+    bar = tqdm(total=len(requests), initial=len(done), desc="sampling", unit="task",
                disable=not progress, smoothing=0.1)
     lock = threading.Lock()
 
@@ -248,20 +253,22 @@ def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettin
             done.update(got)
             bar.update(len(batch))
 
+    failure: BaseException | None = None
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency)
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            futures = [pool.submit(run, batch, params) for batch, params in work]
-            for future in concurrent.futures.as_completed(futures):
-                error = future.exception()
-                if error is not None:
-                    for f in futures:
-                        f.cancel()
-                    kept = f"; the {len(done)} tasks done are kept in {log.dir / PREDICTIONS}, " \
-                           "rerun the same command to continue" if log else ""
-                    raise EvalError(f"sampling failed after {retries + 1} attempts: "
-                                    f"{type(error).__name__}: {error}{kept}") from error
+        futures = [pool.submit(run, batch, params) for batch, params in work]
+        for future in concurrent.futures.as_completed(futures):
+            failure = future.exception()
+            if failure is not None:
+                break
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # batches in flight still land in the log
         bar.close()
+    if failure is not None:
+        kept = f"; the {len(done)} tasks done are kept in {log.dir / PREDICTIONS}, " \
+               "rerun the same command to continue" if log else ""
+        raise EvalError(f"sampling failed after {retries + 1} attempts: "
+                        f"{type(failure).__name__}: {failure}{kept}") from failure
     return done
 
 
