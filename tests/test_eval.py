@@ -9,7 +9,7 @@ import pytest
 from eval_fakes import ANSWERS, TASKS, TableEngine
 
 from jaxrl import cli, prompts
-from jaxrl.eval import EvalError, EvalSettings, evaluate, task_kind
+from jaxrl.eval import EvalError, EvalSettings, evaluate, metrics_of, task_kind
 from jaxrl.eval.protocol import invalid_reason, response_text
 from jaxrl.eval.stats import bootstrap_ci
 from jaxrl.rollout.engine import Completion
@@ -128,6 +128,9 @@ def test_outputs_and_scores_equal_precisecoder_score(tok, fleet, tmp_path):
     assert summary["kinds"]["multi"]["recall"]["value"] == 0.5
     assert summary["invalid"] == {"count": 2, "share": 0.4, "reasons": {"empty": 1, "unclosed_think": 1}}
     assert summary["model"] == {"name": "table"} and summary["settings"]["thinking_budget"] == 4096
+    flat = metrics_of(summary)
+    assert flat["pass"] == b["pass"]["value"] and flat["noop"] == 0.5 and flat["multi/recall"] == 0.5
+    assert "multi_line/lines" not in flat and flat["invalid_share"] == 0.4
     report = (out / "report.md").read_text()
     assert "| multi-fault | 1 |" in report and "invalid (no program" in report
 

@@ -311,6 +311,24 @@ def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence
     }
 
 
+def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
+    """A summary's point values as flat metrics for logs: `pass`, `precision`, `recall`, `f1`,
+    `lines`, `noop`, `damage`, `invalid_share`, and `KIND/COLUMN` per task kind; columns a
+    task set has no value for are left out."""
+    out: dict[str, float] = {}
+    for group in ("buggy", "clean"):
+        for name, column in summary[group].items():
+            if name != "tasks" and column["value"] is not None:
+                out[name] = column["value"]
+    for kind, columns in summary["kinds"].items():
+        for name, column in columns.items():
+            if name != "tasks" and column["value"] is not None:
+                out[f"{kind}/{name}"] = column["value"]
+    if summary["invalid"]["share"] is not None:
+        out["invalid_share"] = summary["invalid"]["share"]
+    return out
+
+
 def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: EvalSettings, fleet: Any, *,
              model: Mapping[str, Any] | None = None, task_set: str | None = None, candidates: Mapping[str, Prediction] | None = None,
              out_dir: str | os.PathLike | None = None, batch_size: int = 16, concurrency: int = 1,
