@@ -55,8 +55,8 @@ def test_budgets_follow_the_paper():
 def test_response_text_keeps_token_text_and_wraps_separate_reasoning():
     c = Completion((1,), (0.0,), "stop", "why\n</think>\n\nok", "why", "\n\nok")
     assert response_text(c) == c.text
-    cut = Completion((1,), (0.0,), "length", "never closed", "never closed", "")
-    assert response_text(cut) == "never closed"
+    cut = Completion((1,), (0.0,), "length", "\nnever closed\n", "never closed", "")
+    assert response_text(cut) == cut.text
     assert invalid_reason(response_text(cut), think_opened=True) == "unclosed_think"
     api = Completion((1,), (0.0,), "stop", "```python\nx = 1\n```", "my reasoning", "```python\nx = 1\n```")
     assert response_text(api) == "<think>\nmy reasoning\n</think>\n\n```python\nx = 1\n```"

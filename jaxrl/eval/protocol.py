@@ -139,8 +139,7 @@ def response_text(completion: Completion) -> str:
     that returns its reasoning apart from the text gets it back as a closed think
     block in front of the answer, so nothing the model produced is lost.
     """
-    if completion.thinking is not None and "</think>" not in completion.text \
-            and not completion.text.startswith(completion.thinking):
+    if completion.thinking is not None and completion.thinking not in completion.text:
         return f"{THINK_OPEN}{completion.thinking}\n</think>\n\n{completion.text}"
     return completion.text
 
