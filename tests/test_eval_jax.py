@@ -12,9 +12,10 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from jaxrl import cli
 from reward.schema import write_tasks
 
-TINY = dict(vocab_size=248320, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
-            linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=True)
+TINY = dict(vocab_size=248320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +26,17 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def test_eval_with_the_jax_engine(model_dir, tmp_path):
+def common(model_dir, tmp_path) -> list[str]:
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, TASKS)
-    common = ["eval", "--tasks", str(tasks), "--model", str(model_dir), "--dtype", "float32", "--temperature", "0",
-              "--thinking-budget", "4", "--max-tokens", "10", "--clean-thinking-budget", "6", "--samples", "2",
-              "--workers", "2", "--no-progress"]
-    assert cli.main([*common, "--out", str(tmp_path / "a")]) == 0
+    return ["eval", "--tasks", str(tasks), "--model", str(model_dir), "--dtype", "float32", "--temperature", "0",
+            "--thinking-budget", "4", "--max-tokens", "10", "--clean-thinking-budget", "6", "--samples", "2",
+            "--workers", "2", "--no-progress"]
+
+
+def test_eval_with_the_jax_engine(model_dir, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    assert cli.main([*common(model_dir, tmp_path), "--out", str(tmp_path / "a")]) == 0
     preds = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
     assert [(p["task_id"], p["sample"]) for p in preds] == [(t.task_id, k) for t in TASKS for k in range(2)]
     for p in preds:
@@ -49,5 +54,10 @@ def test_eval_with_the_jax_engine(model_dir, tmp_path):
                      "--out", str(tmp_path / "scored.jsonl"), "--workers", "2", "--no-progress"]) == 0
     assert (tmp_path / "scored.jsonl").read_text() == (tmp_path / "a" / "scores.jsonl").read_text()
 
-    assert cli.main([*common, "--out", str(tmp_path / "b"), "--batch-size", "2"]) == 0  # greedy: batching is moot
+
+@pytest.mark.slow
+def test_greedy_eval_does_not_depend_on_batching(model_dir, tmp_path):
+    args = common(model_dir, tmp_path)
+    assert cli.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert cli.main([*args, "--out", str(tmp_path / "b"), "--batch-size", "2"]) == 0
     assert (tmp_path / "b" / "predictions.jsonl").read_text() == (tmp_path / "a" / "predictions.jsonl").read_text()
