@@ -148,6 +148,9 @@ def test_columns_match_aggregate_with_missing_tasks(tok, fleet):
     items = [(t, Prediction(t.task_id, response=s.response, think_opened=True)) for t, s in zip(TASKS, result.samples)]
     scores = score_predictions(items, fleet.run)
     assert [s.to_json() for s in scores] == [s.to_json() for s in result.scores]
+    seen = []
+    _, via_scorer = run(tok, fleet, scorer=lambda pairs: seen.extend(pairs) or score_predictions(pairs, fleet.run))
+    assert [p for _, p in seen] == [p for _, p in items] and via_scorer.summary == result.summary
     spec = aggregate(TASKS, scores[1:])  # the first task has no prediction: counted invalid
     from jaxrl.eval.evaluate import summarize
     summary = summarize(TASKS, result.samples[1:], scores[1:], EvalSettings(), {})

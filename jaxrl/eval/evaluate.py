@@ -24,7 +24,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -332,7 +332,8 @@ def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
 def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: EvalSettings, fleet: Any, *,
              model: Mapping[str, Any] | None = None, task_set: str | None = None, candidates: Mapping[str, Prediction] | None = None,
              out_dir: str | os.PathLike | None = None, batch_size: int = 16, concurrency: int = 1,
-             retries: int = 2, backoff_s: float = 1.0, progress: bool = False) -> EvalResult:
+             retries: int = 2, backoff_s: float = 1.0, progress: bool = False,
+             scorer: Callable[[Sequence[tuple[Task, Prediction]]], list[Score]] | None = None) -> EvalResult:
     """Evaluate an engine's model on `tasks` under the paper's protocol.
 
     Args:
@@ -340,7 +341,7 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
         tokenizer: renders the chat prompt and encodes it (`models.tokenizer.QwenTokenizer`).
         tasks: the task set (buggy and/or clean tasks).
         settings: the protocol (prompt, samples, sampling, budgets, λ, ε).
-        fleet: the verification fleet (`reward.fleet.Fleet`) the tests run on.
+        fleet: the verification fleet (`reward.fleet.Fleet`) the tests run on; unused with `scorer`.
         model: what is evaluated (name, engine, source), recorded in the summary.
         task_set: where the tasks came from (a file name), recorded in the summary.
         candidates: task_id -> candidate fix, for the refine prompt.
@@ -350,6 +351,9 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
         concurrency: engine calls in flight at once.
         retries: extra attempts of a failed engine call, with exponential backoff from `backoff_s`.
         progress: show progress bars (sampling with its ETA, then test runs).
+        scorer: scores (task, prediction) pairs in order instead of `score_predictions` on
+            `fleet` (a trainer's reward pipeline; it must apply `settings.lam`, `epsilon`
+            and `timeout_s` and each prediction's `think_opened` the same way).
 
     Raises:
         EvalError: bad inputs, a run directory holding other settings, or an engine
@@ -376,9 +380,12 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
     by_id = {t.task_id: t for t in tasks}
     items = [(by_id[s.task_id], Prediction(s.task_id, response=s.response, think_opened=s.think_opened))
              for s in samples]
-    scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
-                               lam=settings.lam, epsilon=settings.epsilon, limits=Limits(timeout_s=settings.timeout_s),
-                               window_batch=2 * fleet.num_workers)
+    if scorer is not None:
+        scores = scorer(items)
+    else:
+        scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
+                                   lam=settings.lam, epsilon=settings.epsilon,
+                                   limits=Limits(timeout_s=settings.timeout_s), window_batch=2 * fleet.num_workers)
     summary = summarize(tasks, samples, scores, settings, model, task_set=task_set, candidates_replaced=replaced)
     if out_dir is not None:
         write_outputs(Path(out_dir), scores, summary)
