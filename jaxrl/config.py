@@ -258,12 +258,16 @@ class MeshConfig:
 class ValidationConfig:
     """Validation on the val split (pass, precision, recall, lines) and GT Debug (no-op, damage).
 
+    It runs `precisecoder eval`'s protocol (`jaxrl.eval`): one sample per task by default,
+    the run's prompt, thinking on.
+
     Attributes:
         val_tasks, gt_debug_tasks: use the first T tasks of each file (None: all; 0: skip).
         samples: completions per task.
-        temperature, top_p: sampling.
+        temperature, top_p, top_k: sampling.
         max_tokens, thinking_budget: budgets on the val split (the paper's 6,144 / 4,096).
-        gt_debug_max_tokens, gt_debug_thinking_budget: budgets on GT Debug (16,384 thinking).
+        gt_debug_thinking_budget: thinking budget on GT Debug (16,384); its total is this
+            plus the val split's room for the answer (max_tokens − thinking_budget).
     """
 
     val_tasks: int | None = None
@@ -271,17 +275,20 @@ class ValidationConfig:
     samples: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     max_tokens: int = 6144
     thinking_budget: int | None = 4096
-    gt_debug_max_tokens: int = 18432
     gt_debug_thinking_budget: int | None = 16384
 
     def __post_init__(self):
         for name in ("val_tasks", "gt_debug_tasks"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"validation.{name} must be >= 0, got {getattr(self, name)}")
-        if self.samples < 1 or self.max_tokens < 1 or self.gt_debug_max_tokens < 1:
-            raise ValueError("validation.samples and the max_tokens must be >= 1")
+        if self.samples < 1 or self.max_tokens < 1:
+            raise ValueError("validation.samples and validation.max_tokens must be >= 1")
+        if self.thinking_budget is not None and not 0 <= self.thinking_budget < self.max_tokens:
+            raise ValueError(f"validation.thinking_budget must leave room for an answer within max_tokens, "
+                             f"got {self.thinking_budget} of {self.max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)

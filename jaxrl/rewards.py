@@ -17,11 +17,10 @@ from collections.abc import Sequence
 
 import grain
 
-from reward.diff import nonblank_lines
 from reward.fleet import Fleet
 from reward.sandbox import Limits
 from reward.schema import Prediction, Task
-from reward.score import Score, clean_row_terms, score_predictions
+from reward.score import Score, baseline_terms, score_predictions
 
 # algorithm -> registered advantage estimator (`jaxrl.advantages`)
 ESTIMATOR = {
@@ -49,15 +48,15 @@ def terms(algorithm: str, score: Score, task: Task) -> tuple[float, ...]:
     """One rollout's reward terms for `algorithm` (names in `TERM_NAMES`).
 
     unit and f1 are `Score.vector` (f1 counts 0 on clean tasks and invalid answers);
-    edited_lines of an invalid answer is the number of non-blank lines of C, as in
-    `reward.score.clean_row_terms` (EA-GRPO ignores it: an invalid answer never passes).
+    edited_lines comes from `reward.score.baseline_terms` (an invalid answer's is the number
+    of non-blank lines of C; EA-GRPO ignores it, as an invalid answer never passes).
     """
     unit, f1 = score.vector
     if algorithm in ("precisecoder", "grpo_f1sum"):
         return unit, f1
     if algorithm in ("grpo", "drgrpo", "rloo"):
         return (unit,)
-    lines = -clean_row_terms(score, task.buggy_code)[1]
+    lines = baseline_terms(score, task.buggy_code)[1]
     if algorithm == "ea_grpo":
         return unit, lines
     if algorithm == "grpo_clean_rows":
@@ -72,14 +71,10 @@ def term_weights(algorithm: str, lam: float) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (len(TERM_NAMES[algorithm]) - 1)
 
 
-def prediction_of(task: Task, response: str) -> Prediction:
-    """The prediction a completion makes for a task (its program is extracted from `response`)."""
-    return Prediction(task.task_id, response=response)
-
-
-def thinking_response(text: str, opened: bool) -> str:
-    """The full assistant turn: `<think>\\n` restored when the prompt itself opened the block."""
-    return f"<think>\n{text}" if opened else text
+def prediction_of(task: Task, response: str, think_opened: bool) -> Prediction:
+    """The prediction a completion makes (its program is extracted from `response`; `think_opened`:
+    the prompt itself opened the think block, so the response must close it)."""
+    return Prediction(task.task_id, response=response, think_opened=think_opened)
 
 
 class _ScoreOne:
@@ -87,7 +82,8 @@ class _ScoreOne:
         self.fleet, self.lam, self.epsilon, self.limits = fleet, lam, epsilon, limits
 
     def __call__(self, pair: tuple[Task, Prediction]) -> Score:
-        return score_predictions([pair], self.fleet.run, lam=self.lam, epsilon=self.epsilon, limits=self.limits)[0]
+        return score_predictions([pair], self.fleet.run, lam=self.lam, epsilon=self.epsilon, limits=self.limits,
+                                 window_batch=2 * self.fleet.num_workers)[0]
 
 
 class RewardPipeline:
@@ -104,7 +100,7 @@ class RewardPipeline:
         self.threads = threads or fleet.num_workers
         self._map = _ScoreOne(fleet, lam, epsilon, limits)
 
-    def score(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
+    def __call__(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
         """Scores in pair order."""
         if not pairs:
             return []

@@ -24,6 +24,7 @@ import grain
 
 from jaxrl import prompts as P
 from jaxrl.config import BuildSpec, DataConfig
+from reward.extract import prompt_opens_think
 from reward.schema import SchemaError, Task, load_tasks
 
 SPLIT_FILES = {"train": "train.jsonl", "val": "val.jsonl", "gt_debug": "gt_debug.jsonl"}
@@ -114,16 +115,17 @@ def with_clean_rows(tasks: Sequence[Task], share: float, seed: int) -> list[Task
 
 @dataclasses.dataclass(frozen=True)
 class Rendered:
-    """One task with its prompt token ids."""
+    """One task with its prompt token ids; `think_opened`: the prompt itself opened `<think>`."""
 
     task: Task
     prompt_ids: tuple[int, ...]
+    think_opened: bool
 
 
 def render(task: Task, tokenizer: Any, prompt: str) -> Rendered:
     """The prompt's token ids: the paper's template in the chat template, thinking on."""
     text = tokenizer.render_chat(P.messages(prompt, task.prompt, task.buggy_code), enable_thinking=True)
-    return Rendered(task, tuple(tokenizer.encode(text)))
+    return Rendered(task, tuple(tokenizer.encode(text)), prompt_opens_think(text))
 
 
 class TaskStream:

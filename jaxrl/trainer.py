@@ -43,10 +43,9 @@ from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, SamplingParams, make_engine
 from jaxrl.validate import validate
 from models import sharding as msh
-from models.tokenizer import FAMILIES, load_tokenizer
+from models.tokenizer import load_tokenizer
 from reward.fleet import Fleet
 from reward.sandbox import Limits
-from reward.schema import Prediction
 
 # Keys that may differ between a run and its resumption.
 RESUMABLE_CHANGES = ("run.steps", "run.progress")
@@ -135,7 +134,6 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     gt_tasks = T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks)
     stream = T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)
     prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks))
-    opened = FAMILIES[tokenizer.family].opens_thinking
 
     # ---- model, optimizer, train state
     model = build_model(cfg, mesh, rules)
@@ -245,9 +243,9 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                 groups = engine.generate([r.prompt_ids for r in batch_tasks], params)
             with timer("reward"):
                 flat = [(r.task, c) for r, group in zip(batch_tasks, groups) for c in group]
-                pairs = [(task, Prediction(task.task_id, response=R.thinking_response(c.text, opened)))
-                         for task, c in flat]
-                scores = scorer.score(pairs)
+                pairs = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
+                         for r, group in zip(batch_tasks, groups) for c in group]
+                scores = scorer(pairs)
                 local_terms = np.asarray([R.terms(cfg.algorithm.name, s, t) for s, (t, _) in zip(scores, flat)],
                                          np.float32)
                 columns = hosts.gather_rows(M.rollout_columns(scores, [c for _, c in flat],
@@ -279,8 +277,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
             validating = (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps
             if validating and (val_tasks or gt_tasks):
                 with timer("validate"):
-                    metrics |= validate(engine, tokenizer, scorer, val_tasks, gt_tasks, cfg.validation,
-                                        cfg.data.prompt, cfg.reward.lam, cfg.run.seed + done)
+                    metrics |= validate(engine, tokenizer, scorer, val_tasks + gt_tasks, cfg, cfg.run.seed + done)
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.run.steps:
                 with timer("save"):
                     save(metrics)

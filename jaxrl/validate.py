@@ -1,69 +1,64 @@
-"""Validation during training: the val split (pass, precision, recall, lines) and GT Debug (no-op, damage).
+"""Validation during training through the evaluation code path (`jaxrl.eval.evaluate`).
 
-One function, `validate`, samples with the engine the trainer holds (its
-weights are the current policy's), scores on the trainer's reward pipeline and
-aggregates with `reward.score.aggregate`, the same summary `precisecoder score`
-prints. On several hosts each host takes an equal slice of the tasks (the last
-slice padded with repeats, which are dropped) and the scores are gathered.
+The val split (buggy tasks: pass, precision, recall, f1, edited lines) and GT Debug
+(clean tasks: no-op, damage) are evaluated in one `evaluate` call under the paper's
+protocol, with the engine the trainer holds (the current policy) and the trainer's
+reward pipeline as the scorer, so validation numbers are `precisecoder eval`'s.
+On several hosts each host evaluates every P-th task and the samples and scores are
+gathered before the summary.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 
 from jaxrl import hosts
-from jaxrl.config import ValidationConfig
-from jaxrl.rewards import RewardPipeline, prediction_of, thinking_response
-from jaxrl.rollout import Engine, SamplingParams
-from jaxrl.tasks import render
-from models.tokenizer import FAMILIES
+from jaxrl.config import Config
+from jaxrl.eval.evaluate import Sample, evaluate, metrics_of, summarize
+from jaxrl.eval.protocol import EvalSettings
+from jaxrl.rollout import Engine
 from reward.schema import Task
-from reward.score import Score, aggregate
+from reward.score import Score
 
 
-def _host_slice(tasks: Sequence[Task]) -> tuple[list[Task], int]:
-    """This host's tasks (padded to an equal count) and how many of them are real."""
-    per_host = -(-len(tasks) // jax.process_count())
-    lo = jax.process_index() * per_host
-    mine = list(tasks[lo:lo + per_host])
-    real = len(mine)
-    return mine + [tasks[0]] * (per_host - real), real
+def eval_settings(cfg: Config, seed: int) -> EvalSettings:
+    """The evaluation protocol of the run's validation."""
+    v = cfg.validation
+    return EvalSettings(prompt=cfg.data.prompt, samples=v.samples, temperature=v.temperature, top_p=v.top_p,
+                        top_k=v.top_k, thinking_budget=v.thinking_budget, max_tokens=v.max_tokens,
+                        clean_thinking_budget=v.gt_debug_thinking_budget, seed=seed, lam=cfg.reward.lam,
+                        epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
 
 
-def sample_and_score(engine: Engine, tokenizer: Any, rewards: RewardPipeline, tasks: Sequence[Task],
-                     params: SamplingParams, prompt: str) -> list[Score]:
-    """Every host's scores of `params.n` completions per task, gathered in task order."""
-    mine, real = _host_slice(tasks)
-    opened = FAMILIES[tokenizer.family].opens_thinking
-    groups = engine.generate([render(t, tokenizer, prompt).prompt_ids for t in mine], params)
-    pairs = [(t, prediction_of(t, thinking_response(c.text, opened))) for t, g in zip(mine[:real], groups) for c in g]
-    scores = rewards.score(pairs)
-    gathered = hosts.gather_json([s.to_json() for s in scores])
-    return [Score(**{**d, "components": ()}) for host_scores in gathered for d in host_scores]
-
-
-def _pct(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
-def validate(engine: Engine, tokenizer: Any, rewards: RewardPipeline, val: Sequence[Task],
-             gt_debug: Sequence[Task], cfg: ValidationConfig, prompt: str, lam: float, seed: int) -> dict[str, float]:
-    """`val/{pass,precision,recall,f1,lines}` and `gt_debug/{noop,damage}` of the current policy."""
-    out: dict[str, float] = {}
-    if val:
-        params = SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=cfg.max_tokens, thinking_budget=cfg.thinking_budget, seed=seed)
-        b = aggregate(val, sample_and_score(engine, tokenizer, rewards, val, params, prompt), lam)["buggy"]
-        out |= {"val/pass": _pct(b["pass"]), "val/precision": _pct(b["precision"]), "val/recall": _pct(b["recall"]),
-                "val/f1": _pct(b["f1"]), "val/lines": _pct(b["lines"])}
-    if gt_debug:
-        params = SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=cfg.gt_debug_max_tokens, thinking_budget=cfg.gt_debug_thinking_budget,
-                                seed=seed + 1)
-        c = aggregate(gt_debug, sample_and_score(engine, tokenizer, rewards, gt_debug, params, prompt), lam)["clean"]
-        out |= {"gt_debug/noop": _pct(c["noop"]), "gt_debug/damage": _pct(c["damage"])}
+def _renamed(metrics: dict[str, float]) -> dict[str, float]:
+    clean = {"noop", "damage", "clean/noop", "clean/damage"}
+    out = {}
+    for k, v in metrics.items():
+        out[f"gt_debug/{k.split('/')[-1]}" if k in clean else f"val/{k}"] = float(v)
     return out
+
+
+def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task], cfg: Config,
+             seed: int) -> dict[str, float]:
+    """`val/{pass,precision,recall,f1,lines,...}` and `gt_debug/{noop,damage}` of the engine's current policy.
+
+    Args:
+        tasks: val tasks and GT Debug (clean) tasks together.
+        scorer: scores (task, prediction) pairs in order (the trainer's `RewardPipeline`).
+        seed: the evaluation's sampling seed.
+    """
+    if not tasks:
+        return {}
+    settings = eval_settings(cfg, seed)
+    mine = list(tasks[jax.process_index()::jax.process_count()])
+    result = evaluate(engine, tokenizer, mine, settings, None, scorer=scorer, batch_size=max(len(mine), 1))
+    if jax.process_count() == 1:
+        return _renamed(metrics_of(result.summary))
+    gathered = hosts.gather_json([[s.to_json() for s in result.samples], [s.to_json() for s in result.scores]])
+    samples = [Sample.from_json(d) for host_samples, _ in gathered for d in host_samples]
+    scores = [Score(**{**d, "components": ()}) for _, host_scores in gathered for d in host_scores]
+    order = [t for p in range(jax.process_count()) for t in tasks[p::jax.process_count()]]
+    return _renamed(metrics_of(summarize(order, samples, scores, settings, {})))
