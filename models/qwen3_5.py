@@ -372,19 +372,21 @@ class Group(nnx.Module):
         self.runs_spec = cfg.groups[1]
         self.runs = nnx.List([stack(make[kind], n, rngs, "group") for kind, n in self.runs_spec])
 
-    def __call__(self, h: Array, ctx: Context, kv: tuple | None, delta: tuple | None, group: Array
-                 ) -> tuple[Array, tuple | None, tuple | None]:
+    def __call__(self, h: Array, ctx: Context, kv: tuple | None, delta: tuple | None, group: Array,
+                 remat: bool = False) -> tuple[Array, tuple | None, tuple | None]:
         """Run the group's layers.
 
         `kv` and `delta` (None without a cache) hold one entry per run, None for runs of
         the other kind: the whole stacked `KVCache` of an attention run (written in place
-        at entry group · run + j), and a DeltaNet run's states for this group.
+        at entry group · run + j), and a DeltaNet run's states for this group. With
+        `remat`, each layer is recomputed in the backward pass too, so a group's backward
+        holds one layer's float32 DeltaNet intermediates at a time, not all of them.
         """
         kv, delta = (None, None) if kv is None else (list(kv), list(delta))
         for i, (run, (kind, n)) in enumerate(zip(self.runs, self.runs_spec)):
             if kind == LINEAR:
                 h, state = scan(run, lambda layer, carry, st: layer(carry, ctx, st), h,
-                                None if delta is None else delta[i])
+                                None if delta is None else delta[i], remat=remat)
                 if delta is not None:
                     delta[i] = state
             else:
@@ -392,7 +394,7 @@ class Group(nnx.Module):
                     x, cache = carry
                     return layer(x, ctx, cache, None if cache is None else group * n + j), None
 
-                (h, cache), _ = scan(run, attend, (h, None if kv is None else kv[i]), jnp.arange(n))
+                (h, cache), _ = scan(run, attend, (h, None if kv is None else kv[i]), jnp.arange(n), remat=remat)
                 if kv is not None:
                     kv[i] = cache
         return h, None if kv is None else tuple(kv), None if delta is None else tuple(delta)
@@ -459,7 +461,7 @@ class Qwen3_5(CausalLMHead, nnx.Module):
 
         def body(group, carry, xs):
             (x, kv), (delta, g) = carry, xs
-            x, kv, delta = group(x, ctx, kv, delta, g)
+            x, kv, delta = group(x, ctx, kv, delta, g, self.remat)
             return (x, kv), delta
 
         h = constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
