@@ -92,6 +92,7 @@ def test_every_preset_parses_in_the_trainer_schema(name):
 
 
 @needs_libtpu
+@pytest.mark.slow  # compiling three programs for 4 TPU chips: 2 CPU-minutes here
 def test_tiny_preset_compiles_for_a_tpu_slice_and_fits(tmp_path, capsys):
     rc, out, err = _run(capsys, _tiny(tmp_path), "--json", "--step-time", "2.0")
     assert rc == 0, err
@@ -105,6 +106,7 @@ def test_tiny_preset_compiles_for_a_tpu_slice_and_fits(tmp_path, capsys):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_fused_attention_lowers_memory_against_xla(tmp_path, capsys):
     """The plan shows memory with each attention kernel: splash holds no [T, T] scores."""
     path = _tiny(tmp_path)
@@ -117,7 +119,16 @@ def test_fused_attention_lowers_memory_against_xla(tmp_path, capsys):
     assert temps["splash"] < temps["xla"]
 
 
+def test_a_gpu_preset_made_too_big_fails_naming_what_does_not_fit(tmp_path, capsys):
+    path = _tiny(tmp_path, platform="gpu", attention="cudnn", engine="sglang")
+    rc, out, err = _run(capsys, path, "--set", "data.tasks_per_step=4096", "--set", "run.micro_batches=1")
+    assert rc == 1
+    assert "does not fit: the train step needs" in err and "largest: activations and temporaries" in err
+    assert "24576 rows x 384 tokens per micro-batch" in err
+
+
 @needs_libtpu
+@pytest.mark.slow
 def test_a_preset_made_too_big_fails_naming_what_does_not_fit(tmp_path, capsys):
     rc, out, err = _run(capsys, _tiny(tmp_path), "--set", "hardware.hbm_gib=0.05", "--set", "model.attention=xla")
     assert rc == 1
