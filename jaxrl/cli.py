@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
+    "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
 }
 
 
