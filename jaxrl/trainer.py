@@ -74,14 +74,14 @@ def build_model(cfg: Config, mesh: jax.sharding.Mesh, rules: tuple) -> nnx.Modul
         if not (Path(m.checkpoint).expanduser() / "config.json").is_file():
             raise TrainError(f"model.checkpoint: no config.json in {m.checkpoint}")
         return from_pretrained(Path(m.checkpoint).expanduser(), dtype, param_dtype=param_dtype, mesh=mesh,
-                               rules=rules, remat=m.remat)
+                               rules=rules, remat=m.remat, attention_impl=m.attention)
     try:
         hf = hf_config({"model_type": m.family, **m.architecture})
     except (KeyError, ValueError, TypeError, NotImplementedError) as e:
         raise TrainError(f"model.architecture: {e}") from None
     cls = model_class(hf)
     return msh.init_sharded(lambda: cls(hf, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(m.init_seed),
-                                        remat=m.remat), mesh, rules)
+                                        remat=m.remat, attention_impl=m.attention), mesh, rules)
 
 
 def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sharding.Mesh,
