@@ -185,7 +185,7 @@ class RewardConfig:
         workers: sandbox workers of this host's fleet (None: the host's CPU count).
         timeout_s: wall-clock limit of one test run (a task's own timeout wins).
         isolation: "auto" (bubblewrap, else rlimits with a warning), "bwrap" or "rlimits".
-        threads: concurrent scorer calls in the reward pipeline (None: `workers`).
+        threads: concurrent scorer calls in the reward pipeline (None: the workers).
     """
 
     lam: float = 1 / 3

@@ -314,6 +314,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
         if best_ckpt is not None:
             best_ckpt.close()
         engine.close()
+        scorer.close()
         fleet.close()
         if writer is not None:
             writer.close()

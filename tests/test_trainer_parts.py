@@ -150,7 +150,10 @@ def test_terms_and_weights_per_algorithm():
 
 
 def test_reward_pipeline_equals_sequential_scoring():
-    """The threaded Grain map over one shared fleet gives exactly the scores of one sequential call."""
+    """The threaded Grain map over one shared fleet gives exactly the scores of one sequential call,
+    and leaves the process's absl flags as they were (a library must not parse them)."""
+    from absl import flags
+
     from reward.fleet import Fleet
     from reward.sandbox import Limits
     from reward.schema import load_predictions, load_tasks
@@ -159,9 +162,13 @@ def test_reward_pipeline_equals_sequential_scoring():
     tasks = {t.task_id: t for t in load_tasks(EXAMPLES)}
     preds = load_predictions("reward/examples/predictions.jsonl")
     pairs = [(tasks[p.task_id], p) for p in preds] * 3
-    with Fleet(workers=2) as fleet:
-        piped = R.RewardPipeline(fleet, 1 / 3, 1, Limits(), threads=4)(pairs)
+    parsed = flags.FLAGS.is_parsed()
+    with Fleet(workers=2, cache=False) as fleet:
+        pipeline = R.RewardPipeline(fleet, 1 / 3, 1, Limits(), threads=4)
+        piped = pipeline(pairs)
+        pipeline.close()
         want = score_predictions(pairs, fleet.run, lam=1 / 3, epsilon=1, limits=Limits())
+    assert flags.FLAGS.is_parsed() == parsed
     assert [s.to_json() | {"runs": 0} for s in piped] == [s.to_json() | {"runs": 0} for s in want]
 
 
