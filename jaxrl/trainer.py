@@ -256,7 +256,11 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                                         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                                         max_tokens=cfg.rollout.max_tokens,
                                         thinking_budget=cfg.rollout.thinking_budget, seed=seed)
-                groups = engine.generate([r.prompt_ids for r in batch_tasks], params)
+                try:
+                    groups = engine.generate([r.prompt_ids for r in batch_tasks], params)
+                except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
+                    raise TrainError(f"step {step + 1}: the rollout engine failed ({type(e).__name__}: {e}); "
+                                     f"continue from the last checkpoint with --resume") from e
             with timer("reward"):
                 flat = [(r.task, c) for r, group in zip(batch_tasks, groups) for c in group]
                 pairs = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
@@ -286,7 +290,11 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                 update_metrics = {f"update/{k}": float(v) for k, v in jax.device_get(update_metrics).items()}
                 update_metrics["update/param_norm"] = float(param_norm_fn(state.params))
             with timer("push"):
-                engine.update_weights(current_model(), step=step + 1)
+                try:
+                    engine.update_weights(current_model(), step=step + 1)
+                except Exception as e:  # noqa: BLE001
+                    raise TrainError(f"step {step + 1}: pushing weights to the engine failed ({type(e).__name__}: "
+                                     f"{e}); continue from the last checkpoint with --resume") from e
 
             done = step + 1
             metrics: dict[str, Any] = {**M.rollout_metrics(columns, all_terms, term_names), **update_metrics,

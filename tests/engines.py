@@ -98,3 +98,19 @@ def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, pro
 def _decoder(model, tokenizer, mesh=None, rules=None, **_):
     return DecoderEngine(model, tokenizer)
 register_engine("test-scripted")(_scripted_from_file)
+
+
+class BrokenEngine(Engine):
+    """An engine whose server has gone away."""
+
+    def __init__(self, **_):
+        pass
+
+    def generate(self, prompts, params):
+        raise ConnectionError("server at 127.0.0.1:1 refused the connection")
+
+    def update_weights(self, model, *, step):
+        pass
+
+
+register_engine("test-broken")(lambda **kw: BrokenEngine(**kw))

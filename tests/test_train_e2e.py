@@ -85,6 +85,8 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path):
         (["--config", cfg, "--set", "rollout.group_size=two"], "rollout.group_size: expected an integer"),
         (["--config", cfg, "--set", f"data.train={tmp_path / 'missing.jsonl'}"], "data.train: no such file"),
         (["--config", cfg, "--set", "rollout.engine=nosuch"], "unknown engine 'nosuch'"),
+        (["--config", cfg, "--set", "rollout.engine=test-broken", "--out", tmp_path / "broken"],
+         "step 1: the rollout engine failed (ConnectionError"),
     ]:
         proc = train(*args)
         out, err = proc.communicate(timeout=600)

@@ -193,3 +193,14 @@ def test_rollout_metrics_and_writer(tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
     M.plot_curves(M.read_metrics(w.path), tmp_path / "curves.png", ("unit", "f1"))
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_undivided_mesh_axes_are_reported():
+    from models import sharding as msh
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=4, rope_theta=1e4)
+    _, params = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)[:2]
+    found = msh.undivided(params, msh.make_mesh(1, 2, 4), msh.RULES)
+    assert len(found) == 2 and all("kv_heads, size 2" in f and "['tensor']" in f for f in found)
+    assert msh.undivided(params, msh.make_mesh(1, 4, 2), msh.RULES) == []
