@@ -217,15 +217,18 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
         if hosts.is_primary() else None
 
     def save(step_metrics: dict[str, float]) -> None:
+        """Checkpoint this step; also as the best one when `run.best_metric` improved."""
         nonlocal best
-        ckpt.save(state, rng, {"best": best, "metrics": step_metrics}, {"data": stream.get_state()})
         key = cfg.run.best_metric
         value = step_metrics.get(key) if key else None
-        if best_ckpt is not None and value is not None and math.isfinite(value):
-            better = best is None or (value > best if cfg.run.best_mode == "max" else value < best)
-            if better:
-                best = value
-                best_ckpt.save(state, rng, {"best": best, "metric": key}, {"data": stream.get_state()})
+        better = (best_ckpt is not None and value is not None and math.isfinite(value)
+                  and (best is None or (value > best if cfg.run.best_mode == "max" else value < best)))
+        if better:
+            best = value
+        ckpt.save(state, rng, {"best": best}, {"data": stream.get_state()})
+        # A kill between the two saves can leave this step in best/ already; it is the same state.
+        if better and int(state.step) not in best_ckpt.all_steps():
+            best_ckpt.save(state, rng, {"best": best, "metric": key}, {"data": stream.get_state()})
 
     # ---- engine and fleet
     def current_model() -> nnx.Module:

@@ -38,7 +38,7 @@ def test_reward_for_one_token_rises():
     state, graphdef, rest = ts.init_train_state(model, tx, mesh)
     engine = DecoderEngine(nnx.merge(graphdef, state.params, rest), Tok())
     prompts = [list(np.random.default_rng(i).integers(2, 32, 3 + i)) for i in range(4)]
-    n, g, max_tokens = len(prompts), 8, 4
+    g, max_tokens = 8, 4
     adv_cfg = A.AdvantageConfig("grpo", (1.0,))
     step = None
     history = []
