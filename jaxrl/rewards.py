@@ -23,8 +23,11 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grain
+
+from jaxrl.rollout import Completion
 
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult
@@ -78,6 +81,25 @@ def term_weights(algorithm: str, lam: float) -> tuple[float, ...]:
     if algorithm in ("precisecoder", "grpo_f1sum"):
         return 1.0 - lam, lam
     return (1.0,) + (0.0,) * (len(TERM_NAMES[algorithm]) - 1)
+
+
+def stop_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of the tokenizer's stop tokens (`<|im_end|>`, `<|endoftext|>`)."""
+    return tuple(tokenizer.decode([t]) for t in tokenizer.stop_ids)
+
+
+def response_text(completion: Completion, stops: Sequence[str]) -> str:
+    """The completion's text without the stop token that ended it.
+
+    Engines that decode with special tokens kept end a Qwen answer in "```<|im_end|>";
+    left there, the stop token sits on the closing fence's line, the block never closes
+    and a correct answer would be scored invalid.
+    """
+    text = completion.text
+    for stop in stops:
+        if completion.finish_reason == "stop" and stop and text.endswith(stop):
+            return text[:-len(stop)]
+    return text
 
 
 def prediction_of(task: Task, response: str, think_opened: bool) -> Prediction:

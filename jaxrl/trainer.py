@@ -151,6 +151,8 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     stream = T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)
     prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks))
 
+    stops = R.stop_texts(tokenizer)
+
     # ---- model, optimizer, train state
     model = build_model(cfg, mesh, rules)
     undivided = msh.undivided(nnx.split(model, nnx.Param, ...)[1], mesh, rules)
@@ -266,7 +268,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                                      f"continue from the last checkpoint with --resume") from e
             with timer("reward"):
                 flat = [(r.task, c) for r, group in zip(batch_tasks, groups) for c in group]
-                pairs = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
+                pairs = [(r.task, R.prediction_of(r.task, R.response_text(c, stops), r.think_opened))
                          for r, group in zip(batch_tasks, groups) for c in group]
                 scores = scorer(pairs)
                 local_terms = np.asarray([R.terms(cfg.algorithm.name, s, t) for s, (t, _) in zip(scores, flat)],

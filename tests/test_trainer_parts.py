@@ -204,3 +204,11 @@ def test_undivided_mesh_axes_are_reported():
     found = msh.undivided(params, msh.make_mesh(1, 2, 4), msh.RULES)
     assert len(found) == 2 and all("kv_heads, size 2" in f and "['tensor']" in f for f in found)
     assert msh.undivided(params, msh.make_mesh(1, 4, 2), msh.RULES) == []
+
+
+def test_response_text_drops_the_stop_token_that_ended_it():
+    stops = ("<|im_end|>", "<|endoftext|>")
+    done = Completion((1,), (0.0,), "stop", "```python\nx = 1\n```<|im_end|>", None, "")
+    assert R.response_text(done, stops) == "```python\nx = 1\n```"
+    cut = Completion((1,), (0.0,), "length", "text <|im_end|>", None, "")
+    assert R.response_text(cut, stops) == "text <|im_end|>"
