@@ -3,8 +3,12 @@
 Usage: python tests/train_runner.py [train arguments]. XLA_FLAGS from the caller's environment apply.
 """
 
+import faulthandler
 import os
+import signal
 import sys
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
