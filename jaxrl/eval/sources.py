@@ -48,12 +48,42 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
     return engine, tokenizer, {"name": directory.resolve().name, "engine": "jax", "path": str(directory), "dtype": dtype}
 
 
+def open_checkpoint(directory: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
+    """The jax engine over a trainer checkpoint."""
+    raise SourceError(f"--checkpoint {directory}: trainer checkpoints cannot be read yet; "
+                      "export the weights with models.save_pretrained and use --model")
+
+
+def open_server(kind: str, args: argparse.Namespace) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
+    """The sglang or openai engine; per-request retries and timeout from the arguments."""
+    from jaxrl.rollout.http import RetryPolicy  # noqa: PLC0415
+
+    tokenizer = load_tokenizer(args.tokenizer or "qwen3_5")
+    retry = RetryPolicy(attempts=args.retries + 1, timeout=args.request_timeout)
+    if kind == "sglang":
+        engine = make_engine("sglang", urls=args.url, tokenizer=tokenizer, retry=retry,
+                             max_concurrency=args.concurrency)
+        paths = sorted({str(info.get("model_path")) for info in engine.model_info.values() if info.get("model_path")})
+        name = Path(paths[0]).name if paths else "sglang"
+        return engine, tokenizer, {"name": name, "engine": "sglang", "url": list(args.url), "served_model": paths,
+                                   "tokenizer": tokenizer.family}
+    extra = {} if args.api == "completions" or not args.no_thinking else \
+        {"chat_template_kwargs": {"enable_thinking": False}}
+    engine = make_engine("openai", base_url=args.base_url, model=args.model_name, tokenizer=tokenizer,
+                         max_concurrency=args.concurrency, retry=retry, extra_body=extra)
+    return engine, tokenizer, {"name": args.model_name, "engine": "openai", "api": args.api,
+                               "base_url": args.base_url, "served_model": args.model_name,
+                               "tokenizer": tokenizer.family}
+
+
 def open_source(kind: str, args: argparse.Namespace) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
     """(engine, tokenizer, model description) for the CLI arguments; `--name` overrides the name."""
     if kind == "jax" and args.model:
         engine, tokenizer, model = open_hf_model(args.model, args.dtype)
+    elif kind == "jax":
+        engine, tokenizer, model = open_checkpoint(args.checkpoint, args.dtype)
     else:
-        raise SourceError(f"the {kind} engine is not available in this build")
+        engine, tokenizer, model = open_server(kind, args)
     if args.name:
         model["name"] = args.name
     return engine, tokenizer, model
