@@ -54,19 +54,38 @@ def open_checkpoint(directory: str, dtype: str) -> tuple[Engine, QwenTokenizer, 
                       "export the weights with models.save_pretrained and use --model")
 
 
+def _served_family(urls: list[str], retry: Any) -> str:
+    """The tokenizer family of the model the first answering SGLang server reports (`/get_model_info`)."""
+    from jaxrl.rollout.http import ConnectionFailed, HTTPStatusError, request_json  # noqa: PLC0415
+
+    for url in urls:
+        try:
+            info = request_json("GET", url.rstrip("/") + "/get_model_info", timeout=retry.timeout)
+        except (ConnectionFailed, HTTPStatusError):
+            continue
+        model_type = info.get("model_type") if isinstance(info, dict) else None
+        try:
+            return family_for_model_type(model_type)
+        except KeyError:
+            raise SourceError(f"{url} serves model_type {model_type!r}, not a Qwen family this project "
+                              "knows; pass --tokenizer qwen3|qwen3_5") from None
+    raise SourceError(f"none of the sglang servers answered: {', '.join(urls)}")
+
+
 def open_server(kind: str, args: argparse.Namespace) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
     """The sglang or openai engine; per-request retries and timeout from the arguments."""
     from jaxrl.rollout.http import RetryPolicy  # noqa: PLC0415
 
-    tokenizer = load_tokenizer(args.tokenizer or "qwen3_5")
     retry = RetryPolicy(attempts=args.retries + 1, timeout=args.request_timeout)
     if kind == "sglang":
+        tokenizer = load_tokenizer(args.tokenizer or _served_family(args.url, retry))
         engine = make_engine("sglang", urls=args.url, tokenizer=tokenizer, retry=retry,
                              max_concurrency=args.concurrency)
         paths = sorted({str(info.get("model_path")) for info in engine.model_info.values() if info.get("model_path")})
         name = Path(paths[0]).name if paths else "sglang"
         return engine, tokenizer, {"name": name, "engine": "sglang", "url": list(args.url), "served_model": paths,
                                    "tokenizer": tokenizer.family}
+    tokenizer = load_tokenizer(args.tokenizer or "qwen3_5")
     extra = {} if args.api == "completions" or not args.no_thinking else \
         {"chat_template_kwargs": {"enable_thinking": False}}
     engine = make_engine("openai", base_url=args.base_url, model=args.model_name, tokenizer=tokenizer,

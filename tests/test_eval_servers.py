@@ -1,4 +1,4 @@
-"""`precisecoder eval --engine openai` against a fake OpenAI-compatible server on 127.0.0.1."""
+"""`precisecoder eval` against fake OpenAI-compatible and SGLang servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -140,3 +140,22 @@ def test_a_server_that_refuses_is_one_error_line(tasks_file, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.startswith("error: sampling failed") and "rerun the same command" in err and err.count("\n") == 1
+
+
+def test_sglang_engine_sends_the_rendered_prompt_as_token_ids(tasks_file, tmp_path):
+    from fake_servers import FakeSGLang
+
+    server = FakeSGLang(p_eos=0.2)
+    try:
+        out = tmp_path / "run"
+        assert cli.main(["eval", "--tasks", str(tasks_file), "--engine", "sglang", "--url", server.url,
+                         "--out", str(out), "--workers", "2", "--no-progress", "--samples", "2"]) == 0
+        sent = [ids for method, path, body in server.requests if path == "/generate" for ids in body["input_ids"]]
+    finally:
+        server.close()
+    tok = load_tokenizer("qwen3")  # the fake reports model_type qwen3
+    want = {tok.render_chat(prompts.messages("minimal", t.prompt, t.buggy_code)) for t in TASKS}
+    assert {tok.decode(ids) for ids in sent} == want
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"]["name"] == "fake" and summary["model"]["tokenizer"] == "qwen3"
+    assert summary["samples"] == 10 and summary["invalid"]["share"] == 1.0  # random tokens hold no program
