@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("jaxrl.eval.cli", "evaluate a model under the paper's protocol; `eval compare` tables and plots"),
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
+    "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
 }
 
 

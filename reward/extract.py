@@ -27,6 +27,18 @@ _PYTHON_INFO = frozenset({"python", "python3", "py"})
 _FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
 
 
+def prompt_opens_think(prompt: str) -> bool:
+    """Whether a rendered chat prompt ends inside an open `<think>` block (the `think_opened` of its completions).
+
+    Only the last turn counts (the text after the last `<|im_start|>`, the Qwen turn marker, when
+    there is one), so a literal `<think>` in an earlier message does not count. True for Qwen3.5/3.6
+    with thinking on and for a prefilled chain of thought that is not closed; False for thinking off
+    (`<think>\n\n</think>`) and for Qwen3 with thinking on (its model writes `<think>` itself).
+    """
+    turn = prompt.rsplit("<|im_start|>", 1)[-1]
+    return turn.rfind(_THINK_OPEN) > turn.rfind(_THINK_CLOSE)
+
+
 def answer_text(response: str, think_opened: bool = False) -> str | None:
     """The part of a response after its thinking, or None if the think block never closes.
 
@@ -94,3 +106,17 @@ def extract_program(response: str, think_opened: bool = False) -> str | None:
         return python[-1]
     bare = [content for info, content in blocks if not info]
     return bare[-1] if bare else None
+
+
+def missing_program_reason(response: str, think_opened: bool = False) -> str | None:
+    """Why `extract_program` finds no program, or None when it finds one.
+
+    "think block never closed", "no closed code block", or "no python or
+    unlabelled code block" (closed blocks in other languages only).
+    """
+    answer = answer_text(response, think_opened)
+    if answer is None:
+        return "think block never closed"
+    if extract_program(response, think_opened) is not None:
+        return None
+    return "no python or unlabelled code block" if fenced_blocks(answer) else "no closed code block"

@@ -1,31 +1,23 @@
-"""The PreciseCoder scorer: REWARD_SPEC.md from alignment to aggregates.
+"""The PreciseCoder scorer: docs/reward.md from alignment to aggregates.
 
 The math (alignment, components, credits, precision / recall / F1, rewards,
-EA-GRPO, aggregates) is pure functions. `score_predictions` drives the test
-runs through a `run_batch(jobs) -> results` callable (in production
-`Fleet.run`) in phases, one call each: unit runs, then component
-verifications, then the essential-subset windows in rounds of increasing s
-(round s runs every window of size s of every component still searching).
-A component's |ess| is the smallest s with a passing window, so running a
-round's windows in parallel gives the same answer as the spec's sequential
-order of s then position; rounds never run a window longer than the answer,
-and since most components stop at s = 1 (cap = |δ*| + ε is small) one round
-is the usual case. Within a call, identical jobs are sent once, and a job seen
+aggregates) is pure functions. `score_predictions` drives the test runs
+through a `run_batch(jobs) -> results` callable (in production `Fleet.run`)
+in phases, one call each: unit runs, then component verifications, then the
+essential-subset windows. The window search (`WindowSearch`) gives exactly
+the sequential search's answer (sizes s = 1, 2, ..., then components, then
+positions; the first pass settles a component) within `max_window_runs`
+windows per prediction, but runs the next windows of every prediction still
+searching together, at most `window_batch` of one size per prediction per
+call. Most components stop at s = 1 (cap = |δ*| + ε is small), so one call is
+the usual case. Within a call, identical jobs are sent once, and a job seen
 in an earlier phase is not sent again, so no program runs twice even without
 the fleet's cache; programs that differ only in whitespace at their very end
 (which Python ignores) count as identical. A prediction's `runs` counts its
-distinct jobs, at most 1 + |components| + Σ windows.
+distinct jobs: at most 1 + |components| + max_window_runs plus, per
+component, the rest of the batch behind its first passing window.
 
-Choices the spec leaves open:
-- `code` of a prediction is used as is; `response` goes through `extract_program`.
-- Invalid predictions run nothing; `faults_fixed` is 0 and `edited_lines` null.
-- On a clean task (and on an invalid prediction) the GDPO vector is [unit, 0],
-  consistent with the scalar reward (1 − λ)·unit.
-- EA-GRPO and the clean-row vector of "GRPO + clean rows" take ℓ of an invalid
-  rollout as the number of non-blank lines of C (the spec's "length of C").
-- Aggregates: a task's `lines` is the mean ℓ of its valid predictions; the set's
-  `lines` is the mean over tasks with at least one (null when none); `reward`
-  (mean scalar reward over all tasks) and counts are reported besides the spec's.
+Choices the specification leaves open are listed in docs/reward.md.
 """
 
 from __future__ import annotations

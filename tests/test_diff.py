@@ -57,10 +57,10 @@ def test_blank_line_of_c_separates_blocks_of_one_opcode():
 
 
 def test_blank_line_splits_an_insert_from_the_next_edit():
-    # Delete line 3 and insert after line 1: positions 1.5 and 3 with blank line 2 between: two blocks;
-    # an insert-only block spans [1.5, 1.5].
-    blocks = diff("a\n\nb\nc", "a\nnew\n\nc")
-    assert kinds(blocks) == [[("insert", 1, None, "new")], [("delete", 3, "b", None)]]
+    # One replace opcode: bbbb -> [zz, bbbX]; bbbb pairs with bbbX, zz is an insert after line 1
+    # (position 1.5); blank line 2 lies between 1.5 and 3: two blocks, the insert-only one at [1.5, 1.5].
+    blocks = diff("a\n\nbbbb\nc", "a\nzz\n\nbbbX\nc")
+    assert kinds(blocks) == [[("insert", 1, None, "zz")], [("modify", 3, "bbbb", "bbbX")]]
     assert [b.span for b in blocks] == [(1.5, 1.5), (3.0, 3.0)]
     # Inserts at one place are never split (blank lines of P do not count).
     [block] = diff("a\n\n\nb", "a\nx\n\ny\n\nb")

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reward.extract import answer_text, extract_program, fenced_blocks
+from reward.extract import answer_text, extract_program, fenced_blocks, missing_program_reason, prompt_opens_think
 
 
 def test_plain_python_block():
@@ -113,3 +113,32 @@ def test_info_string_is_trimmed_of_spaces_and_tabs_only():
     """CommonMark trims spaces and tabs; a no-break space makes a non-empty info string."""
     assert extract_program("```\u00a0\nq\n```") is None
     assert extract_program("``` \t\nq\n```") == "q"
+
+
+def test_missing_program_reason():
+    assert missing_program_reason("```python\nx\n```") is None
+    assert missing_program_reason("draft ```python\nx\n```", think_opened=True) == "think block never closed"
+    assert missing_program_reason("<think>\nplan") == "think block never closed"
+    assert missing_program_reason("</think>\n```python\nnever closed\n") == "no closed code block"
+    assert missing_program_reason("```bash\nls\n```") == "no python or unlabelled code block"
+
+
+def test_prompt_opens_think_on_rendered_templates():
+    user = "<|im_start|>user\nFix it. (Tags like <think> may appear in tasks.)<|im_end|>\n"
+    assert prompt_opens_think(user + "<|im_start|>assistant\n<think>\n")  # Qwen3.5/3.6, thinking on
+    assert not prompt_opens_think(user + "<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking off
+    assert not prompt_opens_think(user + "<|im_start|>assistant\n")  # Qwen3, thinking on: the model opens it
+    assert prompt_opens_think(user + "<|im_start|>assistant\n<think>\nFirst, the loop")  # prefilled thought
+    assert not prompt_opens_think("plain prompt")
+
+
+def test_prompt_opens_think_on_the_project_chat_templates():
+    from models.tokenizer import render_chat
+
+    msgs = [{"role": "user", "content": "Fix the bug."}]
+    for family in ("qwen3", "qwen3_5"):
+        assert prompt_opens_think(render_chat(msgs, family=family, enable_thinking=True)) == (family == "qwen3_5")
+        assert not prompt_opens_think(render_chat(msgs, family=family, enable_thinking=False))
+        assert prompt_opens_think(render_chat(msgs, family=family, enable_thinking=True, prefill="The loop"))
+        done = render_chat(msgs, family=family, enable_thinking=True, prefill="The loop\n</think>\n\n")
+        assert not prompt_opens_think(done)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reward.diff import diff
 from reward.fleet import Fleet
-from reward.sandbox import Limits
+from reward.sandbox import Limits, RunResult
 from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
 from reward.score import (Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components, credit,
                           format_summary, identical_pairs, precision_recall_f1, scalar_reward, score_predictions,
@@ -315,6 +315,50 @@ def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
     assert len(rec.calls[1]) == 1
     assert [len(c) for c in rec.calls[2:]] == [3, 2]
     assert [s.runs for s in scores] == [1, 1, 6, 1, 2, 0]
+
+
+class FakeRuns:
+    """A run_batch without a sandbox: a program passes iff it holds the fix `x + 1`; records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, jobs):
+        self.calls.append(len(jobs))
+        return [RunResult("x + 1" in job.program, "pass" if "x + 1" in job.program else "fail", 0.0) for job in jobs]
+
+
+INC1 = Task("inc1", "inc1", "increment", "def f(x):\n    return x + 2\n", "def f(x):\n    return x + 1\n",
+            AssertTests("assert f(1) == 2\n"))
+
+
+def _padded_fix(n, before):
+    comments = "".join(f"    # note {i}\n" for i in range(n))
+    return "def f(x):\n" + (comments + "    return x + 1\n" if before else "    return x + 1\n" + comments)
+
+
+def test_window_batches_and_bound_without_a_sandbox():
+    # The fix then 10 comments: one component (cap 2, windows of 1: [fix], [c0] ... [c9]). Batches of 3:
+    # the first batch holds the fix, which passes: 3 window runs in one call, no second batch.
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=False)))], runs, window_batch=3)
+    assert runs.calls == [1, 3]  # the answer (= the verification program), then one batch of windows
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(1 / 11), False, 4)
+    # 10 comments then the fix: windows [c0] ... [c9], [fix]. A bound of 4 in batches of 3: [c0-c2], [c3],
+    # all failing: capped, |ess| = ℓ_K = 11, credit = cap = 2, precision 2/11.
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=True)))], runs,
+                            window_batch=3, max_window_runs=4)
+    assert runs.calls == [1, 3, 1]
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(2 / 11), True, 5)
+    assert s.components[0].essential == 11
+    # Unbounded, the search reaches the fix: |ess| = 1 after all 11 windows (4 batches of at most 3).
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=True)))], runs, window_batch=3)
+    assert runs.calls == [1, 3, 3, 3, 2]
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(1 / 11), False, 12)
+    with pytest.raises(ValueError):
+        score_predictions([], runs, max_window_runs=-1)
 
 
 def test_empty_batch_makes_no_calls(fleet):
