@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--tokenizer", choices=("qwen3", "qwen3_5"),
                       help="chat template and vocabulary for sglang/openai (default: from the model's config, "
                            "else qwen3_5)")
-    what.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="jax engine weights")
+    what.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                      help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
     protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
