@@ -231,6 +231,10 @@ def main(args: argparse.Namespace) -> int:
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: the samples done are kept in {args.out}/predictions.jsonl; "
+              "rerun the same command to continue", file=sys.stderr)
+        return 130
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {args.out}/predictions.jsonl, scores.jsonl, summary.json, report.md "
           f"({len(result.samples)} samples)")
