@@ -178,7 +178,8 @@ def run_compare(args: argparse.Namespace) -> int:
     table = compare_markdown(summaries)
     (out / "compare.md").write_text(table, encoding="utf-8")
     print(table)
-    for name, draw in (("precision_vs_pass.png", plots.precision_vs_pass), ("noop_vs_damage.png", plots.noop_vs_damage)):
+    figures = (("precision_vs_pass.png", plots.precision_vs_pass), ("noop_vs_damage.png", plots.noop_vs_damage))
+    for name, draw in figures:
         if draw(summaries, out / name):
             print(f"wrote {out / name}")
         else:

@@ -31,9 +31,9 @@ from typing import Any
 from tqdm import tqdm
 
 from jaxrl.eval import stats
-from jaxrl.eval.report import report_markdown
 from jaxrl.eval.protocol import (EvalSettings, candidate_program, invalid_reason, response_text, split_by_kind,
                                  task_messages)
+from jaxrl.eval.report import report_markdown
 from jaxrl.rollout.engine import Completion, Engine, SamplingParams
 from reward.sandbox import Limits
 from reward.schema import Prediction, Task, write_jsonl
@@ -131,7 +131,8 @@ def batch_seed(seed: int, first_task_id: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def batches(requests: Sequence[Request], settings: EvalSettings, size: int) -> list[tuple[list[Request], SamplingParams]]:
+def batches(requests: Sequence[Request], settings: EvalSettings,
+            size: int) -> list[tuple[list[Request], SamplingParams]]:
     """Requests cut into batches of at most `size` that share sampling parameters (buggy first, then clean)."""
     out = []
     for clean in (False, True):
@@ -280,8 +281,8 @@ def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettin
 
 
 def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence[Score], settings: EvalSettings,
-              model: Mapping[str, Any], *, task_set: str | None = None, candidates_replaced: int = 0, resamples: int = stats.RESAMPLES,
-              seed: int = 0) -> dict[str, Any]:
+              model: Mapping[str, Any], *, task_set: str | None = None, candidates_replaced: int = 0,
+              resamples: int = stats.RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """summary.json: the model, the settings, the paper's columns with intervals (overall and per
     task kind), the spec's aggregate, and the invalid share with its reasons."""
     values = stats.per_task_values(tasks, scores, settings.lam)
@@ -337,7 +338,8 @@ def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: EvalSettings, fleet: Any, *,
-             model: Mapping[str, Any] | None = None, task_set: str | None = None, candidates: Mapping[str, Prediction] | None = None,
+             model: Mapping[str, Any] | None = None, task_set: str | None = None,
+             candidates: Mapping[str, Prediction] | None = None,
              out_dir: str | os.PathLike | None = None, batch_size: int = 16, concurrency: int = 1,
              retries: int = 2, backoff_s: float = 1.0, progress: bool = False, chat: bool = False,
              scorer: Callable[[Sequence[tuple[Task, Prediction]]], list[Score]] | None = None) -> EvalResult:

@@ -45,7 +45,8 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
     tokenizer = tokenizer_of_model_dir(directory)
     model = models.from_pretrained(directory, dtype=jnp.dtype(dtype))
     engine = make_engine("jax", model=model, tokenizer=tokenizer)
-    return engine, tokenizer, {"name": directory.resolve().name, "engine": "jax", "path": str(directory), "dtype": dtype}
+    model_info = {"name": directory.resolve().name, "engine": "jax", "path": str(directory), "dtype": dtype}
+    return engine, tokenizer, model_info
 
 
 def locate_checkpoint(path: Path) -> tuple[Path, Path, int | None]:
