@@ -19,6 +19,8 @@ update and the advantages see the global batch.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from jaxrl import advantages as adv
@@ -41,6 +44,7 @@ from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
 from jaxrl.config import Config, apply_override, from_dict, load_config, read_yaml, to_dict, to_yaml
 from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, SamplingParams, make_engine
+from jaxrl.rollout.engine import BUILTIN_ENGINES, ENGINES
 from jaxrl.validate import validate
 from models import sharding as msh
 from models.tokenizer import load_tokenizer
@@ -70,14 +74,27 @@ def build_model(cfg: Config, mesh: jax.sharding.Mesh, rules: tuple) -> nnx.Modul
         if not (Path(m.checkpoint).expanduser() / "config.json").is_file():
             raise TrainError(f"model.checkpoint: no config.json in {m.checkpoint}")
         return from_pretrained(Path(m.checkpoint).expanduser(), dtype, param_dtype=param_dtype, mesh=mesh,
-                               rules=rules, remat=m.remat)
+                               rules=rules, remat=m.remat, attention_impl=m.attention)
     try:
         hf = hf_config({"model_type": m.family, **m.architecture})
     except (KeyError, ValueError, TypeError, NotImplementedError) as e:
         raise TrainError(f"model.architecture: {e}") from None
     cls = model_class(hf)
     return msh.init_sharded(lambda: cls(hf, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(m.init_seed),
-                                        remat=m.remat), mesh, rules)
+                                        remat=m.remat, attention_impl=m.attention), mesh, rules)
+
+
+def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sharding.Mesh,
+                    rules: tuple) -> Engine:
+    """The configured engine: `tokenizer` and `rollout.options` for all; an in-process engine
+    (one whose constructor takes `model`) also gets the model, the mesh and the rules."""
+    name = cfg.rollout.engine
+    if name not in ENGINES and name in BUILTIN_ENGINES:
+        importlib.import_module(BUILTIN_ENGINES[name])
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer, **cfg.rollout.options}
+    if name in ENGINES and "model" in inspect.signature(ENGINES[name]).parameters:
+        kwargs |= {"model": model, "mesh": mesh, "rules": rules}
+    return make_engine(name, **kwargs)
 
 
 def _check_config_matches(saved: Path, cfg: Config) -> None:
@@ -102,8 +119,7 @@ def _check_config_matches(saved: Path, cfg: Config) -> None:
 def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., Engine] | None = None) -> dict[str, Any]:
     """Run (or resume) the RL loop of `cfg` to `cfg.run.steps`; returns the last step's metrics.
 
-    `engine_factory(model=, tokenizer=, mesh=, rules=, **cfg.rollout.options)` replaces the
-    registry lookup of `cfg.rollout.engine` (tests pass a stand-in engine).
+    `engine_factory(cfg, model, tokenizer, mesh, rules)` replaces `make_engine_for`.
     """
     out = Path(cfg.run.out).expanduser()
     saved_config = out / "config.yaml"
@@ -171,6 +187,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     term_names = R.TERM_NAMES[cfg.algorithm.name]
     adv_cfg = adv.AdvantageConfig(estimator, R.term_weights(cfg.algorithm.name, cfg.reward.lam),
                                   dict(cfg.algorithm.options))
+    param_norm_fn = jax.jit(optax.tree.norm)
     advantages_fn = jax.jit(lambda r, lengths: adv.compute_advantages(adv_cfg, r, lengths))
 
     def ref_logprobs(params, tokens, seg):
@@ -214,11 +231,10 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     def current_model() -> nnx.Module:
         return nnx.merge(graphdef, state.params, rest)
 
-    engine_kwargs = dict(model=current_model(), tokenizer=tokenizer, mesh=mesh, rules=rules, **cfg.rollout.options)
     try:
-        engine = (engine_factory or (lambda **kw: make_engine(cfg.rollout.engine, **kw)))(**engine_kwargs)
-    except ValueError as e:
-        raise TrainError(f"rollout.engine: {e}") from None
+        engine = (engine_factory or make_engine_for)(cfg, current_model(), tokenizer, mesh, rules)
+    except (ValueError, TypeError) as e:
+        raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
     fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)
     scorer = R.RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s),
                               cfg.reward.threads)
@@ -268,6 +284,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                                                                   batch.segment_ids_BxT))
                 state, update_metrics = step_fn(state, batch)
                 update_metrics = {f"update/{k}": float(v) for k, v in jax.device_get(update_metrics).items()}
+                update_metrics["update/param_norm"] = float(param_norm_fn(state.params))
             with timer("push"):
                 engine.update_weights(current_model(), step=step + 1)
 

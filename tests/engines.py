@@ -94,5 +94,7 @@ def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, pro
     return ScriptedEngine(tokenizer, by_prompt)
 
 
-register_engine("test-decoder")(lambda **kw: DecoderEngine(**kw))
+@register_engine("test-decoder")
+def _decoder(model, tokenizer, mesh=None, rules=None, **_):
+    return DecoderEngine(model, tokenizer)
 register_engine("test-scripted")(_scripted_from_file)
