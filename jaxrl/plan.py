@@ -280,6 +280,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
             cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill_rows, sizes, rules)
         method = ("estimated from jax.eval_shape shapes, the sharding rules and an analytic activation count "
                   "(no CUDA backend here to compile for)")
+        if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
+            method += f"; rollout figures are per SGLang GPU ({hw.rollout_gpus} GPUs)"
 
     rollout_phase = max(prefill.total, decode.total) + (opt_bytes if compiled_here or not hw.rollout_gpus else 0)
     hbm = int(hw.hbm_gib * GIB)
@@ -343,14 +345,23 @@ def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill
     train = Phase(param_bytes + opt_bytes + batch_bytes, saved + layer_work + logits + grads, 0)
     cache_shapes = jax.eval_shape(lambda: abstract_model.init_cache(rollout_rows, seq))
     cache_bytes = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache_shapes))
+    hw = cfg.hardware
+    if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
+        # SGLang GPUs: bfloat16 weights split over a server's tensor-parallel GPUs, the rows spread over servers.
+        tp = int(cfg.rollout.options.get("tensor_parallel", 1))
+        rollout_param_bytes = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
+        rollout_param_bytes = rollout_param_bytes * 2 // tp
+        batch_shards = hw.rollout_gpus  # rows over servers, heads over a server's GPUs
+    else:
+        rollout_param_bytes = param_bytes
     cache_bytes //= batch_shards
-    rollout_rows_chip = rollout_rows // batch_shards
-    prompts_chip = prefill_rows // batch_shards
+    rollout_rows_chip = -(-rollout_rows // batch_shards)
+    prompts_chip = -(-prefill_rows // batch_shards)
     # prefill writes into the cache, so it attends with the plain path: float32 [P, S] scores
     prefill_tmp = prompts_chip * cfg.hardware.prompt_tokens * (6 * d + 4 * widest) * act
     prefill_tmp += 2 * prompts_chip * arch.num_attention_heads * cfg.hardware.prompt_tokens * seq * 4
-    prefill = Phase(param_bytes + cache_bytes * prefill_rows // rollout_rows, prefill_tmp, 0)
-    decode = Phase(param_bytes + cache_bytes, rollout_rows_chip * arch.vocab_size * 4 * 2, 0)
+    prefill = Phase(rollout_param_bytes + cache_bytes * prefill_rows // rollout_rows, prefill_tmp, 0)
+    decode = Phase(rollout_param_bytes + cache_bytes, rollout_rows_chip * arch.vocab_size * 4 * 2, 0)
     return train, prefill, decode, param_bytes, opt_bytes, cache_bytes
 
 
