@@ -226,6 +226,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     for what, n in (("rows per micro-batch", rows // micro), ("rollout.options.max_rows", rollout_rows)):
         if n % batch_shards:
             raise PlanError(f"{what} = {n} is not a multiple of the {batch_shards} batch shards of the mesh")
+    prompts = -(-rollout_rows // cfg.rollout.group_size)
+    prefill_rows = -(-prompts // batch_shards) * batch_shards  # padded to the batch shards, as the sampler does
 
     abstract_model = nnx.eval_shape(ctor)
     graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
@@ -259,11 +261,14 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
             cache_sh = cache_fn.lower(rollout_rows, seq).compile().output_shardings
             cache = _with_shardings(cache_shapes, cache_sh)
             row_sh = NamedSharding(mesh, msh.logical_to_spec(("batch", None), rules, (rollout_rows, 1), mesh))
-            prompt = jax.ShapeDtypeStruct((rollout_rows, hw.prompt_tokens), jnp.int32, sharding=row_sh)
             ids = jax.ShapeDtypeStruct((rollout_rows,), jnp.int32,
                                        sharding=NamedSharding(mesh, PartitionSpec(row_sh.spec[0])))
+            # Each prompt is prefilled once and its cache fanned out to its G rows.
+            prompt = jax.ShapeDtypeStruct((prefill_rows, hw.prompt_tokens), jnp.int32, sharding=row_sh)
+            prefill_cache = _with_shardings(jax.eval_shape(lambda: abstract_model.init_cache(prefill_rows, seq)),
+                                            cache_fn.lower(prefill_rows, seq).compile().output_shardings)
             t = time.perf_counter()
-            prefill = _phase(decoder.prefill.lower(dstate, cache, prompt, prompt))
+            prefill = _phase(decoder.prefill.lower(dstate, prefill_cache, prompt, prompt))
             timings["prefill"] = time.perf_counter() - t
             t = time.perf_counter()
             decode = _phase(decoder.step.lower(dstate, cache, ids))
@@ -272,9 +277,11 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         method = f"compiled ahead of time for {hw.topology} ({len(devices)} x {devices[0].device_kind})"
     else:
         train, prefill, decode, param_bytes, opt_bytes, cache_bytes = _estimate(
-            cfg, arch, abstract_model, abstract_state, rows, seq, micro, rollout_rows, sizes, rules)
+            cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill_rows, sizes, rules)
         method = ("estimated from jax.eval_shape shapes, the sharding rules and an analytic activation count "
                   "(no CUDA backend here to compile for)")
+        if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
+            method += f"; rollout figures are per SGLang GPU ({hw.rollout_gpus} GPUs)"
 
     rollout_phase = max(prefill.total, decode.total) + (opt_bytes if compiled_here or not hw.rollout_gpus else 0)
     hbm = int(hw.hbm_gib * GIB)
@@ -288,7 +295,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         "mesh": dict(zip(("data", "fsdp", "tensor"), sizes)),
         "model": {"family": cfg.model.family, "params": n_params, "dtype": cfg.model.dtype,
                   "param_dtype": cfg.model.param_dtype, "attention": cfg.model.attention, "remat": cfg.model.remat},
-        "batch": {"rows": rows, "seq": seq, "micro_batches": micro, "rollout_rows": rollout_rows},
+        "batch": {"rows": rows, "seq": seq, "micro_batches": micro, "rollout_rows": rollout_rows,
+                  "prefill_rows": prefill_rows},
         "per_chip": {
             "params": param_bytes, "opt_state": opt_bytes,
             "train_arguments": train.arguments, "train_temporaries": train.temporaries,
@@ -298,6 +306,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         },
         "compile_seconds": timings,
         "train_step_flops": train_flops,
+        "rollout_tokens": cfg.rollout.max_tokens,
         "fits": fits,
     }
     if step_time is not None:
@@ -309,7 +318,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     return out
 
 
-def _estimate(cfg, arch, abstract_model, abstract_state, rows, seq, micro, rollout_rows, sizes, rules):
+def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill_rows, sizes, rules):
     """Per-chip bytes without compiling: exact parameter, optimizer and cache shards; analytic activations."""
     import jax
     import numpy as np
@@ -336,13 +345,23 @@ def _estimate(cfg, arch, abstract_model, abstract_state, rows, seq, micro, rollo
     train = Phase(param_bytes + opt_bytes + batch_bytes, saved + layer_work + logits + grads, 0)
     cache_shapes = jax.eval_shape(lambda: abstract_model.init_cache(rollout_rows, seq))
     cache_bytes = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache_shapes))
+    hw = cfg.hardware
+    if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
+        # SGLang GPUs: bfloat16 weights split over a server's tensor-parallel GPUs, the rows spread over servers.
+        tp = int(cfg.rollout.options.get("tensor_parallel", 1))
+        rollout_param_bytes = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
+        rollout_param_bytes = rollout_param_bytes * 2 // tp
+        batch_shards = hw.rollout_gpus  # rows over servers, heads over a server's GPUs
+    else:
+        rollout_param_bytes = param_bytes
     cache_bytes //= batch_shards
-    rollout_rows_chip = rollout_rows // batch_shards
-    prefill_tmp = rollout_rows_chip * cfg.hardware.prompt_tokens * (6 * d + 4 * widest) * act
-    if cfg.model.attention == "xla":
-        prefill_tmp += 2 * rollout_rows_chip * arch.num_attention_heads * cfg.hardware.prompt_tokens * seq * 4
-    prefill = Phase(param_bytes + cache_bytes, prefill_tmp, 0)
-    decode = Phase(param_bytes + cache_bytes, rollout_rows_chip * arch.vocab_size * 4 * 2, 0)
+    rollout_rows_chip = -(-rollout_rows // batch_shards)
+    prompts_chip = -(-prefill_rows // batch_shards)
+    # prefill writes into the cache, so it attends with the plain path: float32 [P, S] scores
+    prefill_tmp = prompts_chip * cfg.hardware.prompt_tokens * (6 * d + 4 * widest) * act
+    prefill_tmp += 2 * prompts_chip * arch.num_attention_heads * cfg.hardware.prompt_tokens * seq * 4
+    prefill = Phase(rollout_param_bytes + cache_bytes * prefill_rows // rollout_rows, prefill_tmp, 0)
+    decode = Phase(rollout_param_bytes + cache_bytes, rollout_rows_chip * arch.vocab_size * 4 * 2, 0)
     return train, prefill, decode, param_bytes, opt_bytes, cache_bytes
 
 
@@ -382,7 +401,8 @@ def _print_table(out: dict[str, Any]) -> None:
         ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params, compute {m['dtype']}, params {m['param_dtype']}, "
                   f"attention {m['attention']}, remat {m['remat']}"),
         ("train batch", f"{b['rows']} rows x {b['seq']} tokens, {b['micro_batches']} micro-batch(es)"),
-        ("rollout batch", f"{b['rollout_rows']} rows x {b['seq']} slots"),
+        ("rollout batch", f"{b['rollout_rows']} rows x {b['seq']} slots (prefill: {b['prefill_rows']} prompts of "
+                          f"{b['seq'] - out['rollout_tokens']} tokens, fanned out to G rows)"),
         ("per chip: parameters", _gib(pc["params"])),
         ("per chip: optimizer state", _gib(pc["opt_state"])),
         ("per chip: train arguments (params, opt, batch)", _gib(pc["train_arguments"])),

@@ -147,8 +147,8 @@ def test_gpu_presets_are_estimated_and_say_so(tmp_path, capsys):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     rc, _, err = _run(capsys, "no-such-preset")
     assert rc == 2 and "no config 'no-such-preset'" in err and "Traceback" not in err
-    rc, _, err = _run(capsys, _tiny(tmp_path), "--set", "run.micro_batches=3")
-    assert rc == 2 and "run.micro_batches=3 does not divide the 24 rows" in err
+    rc, _, err = _run(capsys, _tiny(tmp_path), "--set", "run.micro_batches=5")
+    assert rc == 2 and "run.micro_batches=5 does not divide the 24 rows" in err
 
 
 def test_missing_libtpu_says_what_to_install(monkeypatch):
