@@ -44,3 +44,9 @@ def test_save_and_load(tmp_path):
     tok.save_pretrained(tmp_path)
     again = DemoTokenizer.from_pretrained(tmp_path)
     assert again.vocab == tok.vocab and again.encode("y = x") == tok.encode("y = x")
+
+
+def test_ids_beyond_the_vocabulary_decode_as_unk():
+    tok = DemoTokenizer()
+    assert tok.decode([tok.token_id("x"), tok.vocab_size + 3]) == "x<|unk|>"
+    assert tok.decode([tok.token_id("x"), tok.vocab_size + 3], skip_special=True) == "x"

@@ -99,7 +99,12 @@ class DemoTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
-        """Text of `ids`; `skip_special` drops control tokens but keeps <think> and </think>."""
+        """Text of `ids`; `skip_special` drops control tokens but keeps <think> and </think>.
+
+        An id outside the vocabulary (a model whose embedding table is padded) decodes as <|unk|>.
+        """
+        n, unk = self.vocab_size, self.unk_id
+        ids = [i if 0 <= i < n else unk for i in ids]
         return "".join(self.vocab[i] for i in ids if not (skip_special and i in self._special_ids))
 
     def render_chat(

@@ -1,0 +1,118 @@
+"""The demo's outputs: results.json, report.md (Table 2 columns, mean ± std over seeds) and curves.png.
+
+Percentages run from 0 to 100 and lines are a mean, as in `precisecoder eval`.
+Each method's entry holds one object per seed; a decoding mode other than the
+main one (T = 1 sampling) is reported beside it under its own key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ("pass", "precision", "recall", "lines", "noop", "damage")
+NAMES = {"base": "SFT base", "grpo": "GRPO (unit tests only)", "precisecoder": "PreciseCoder (GDPO, λ = 1/3)",
+         "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO"}
+
+
+def row_of(summary: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """One seed's results object from an evaluation summary (`jaxrl.eval` columns, fractions → %)."""
+    buggy, clean = summary["buggy"], summary["clean"]
+
+    def pct(group: Mapping[str, Any], name: str) -> float | None:
+        value = group.get(name, {}).get("value")
+        return None if value is None else 100.0 * value
+
+    lines = buggy.get("lines", {}).get("value")
+    return {"seed": seed, "pass": pct(buggy, "pass"), "precision": pct(buggy, "precision"),
+            "recall": pct(buggy, "recall"), "lines": lines, "noop": pct(clean, "noop"),
+            "damage": pct(clean, "damage")}
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and population std of the non-null values (std 0 for one value)."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None, None
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def summary_table(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The Markdown table: one row per method, `mean ± std` per column."""
+    head = "| method | pass % | precision % | recall % | lines | no-op % | damage % |"
+    out = [head, "|---|---|---|---|---|---|---|"]
+    for name, rows in methods.items():
+        cells = []
+        for column in COLUMNS:
+            mean, std = mean_std([r[column] for r in rows])
+            fmt = "{:.2f}" if column == "lines" else "{:.1f}"
+            cells.append("–" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}")
+        out.append(f"| {NAMES.get(name, name)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def target_check(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[str, bool, str]]:
+    """The paper's claim at micro scale, each as (criterion, met, the numbers).
+
+    PreciseCoder's mean edited lines ≤ 0.5 × GRPO's, precision ≥ GRPO's + 15 points,
+    pass within 5 points of GRPO's (means over seeds).
+    """
+    if "grpo" not in methods or "precisecoder" not in methods:
+        return []
+    g = {c: mean_std([r[c] for r in methods["grpo"]])[0] for c in COLUMNS}
+    p = {c: mean_std([r[c] for r in methods["precisecoder"]])[0] for c in COLUMNS}
+    if any(v is None for v in (g["lines"], p["lines"], g["precision"], p["precision"], g["pass"], p["pass"])):
+        return []
+    return [
+        ("edited lines ≤ 0.5 × GRPO's", p["lines"] <= 0.5 * g["lines"], f"{p['lines']:.2f} vs {g['lines']:.2f}"),
+        ("precision ≥ GRPO's + 15 points", p["precision"] >= g["precision"] + 15,
+         f"{p['precision']:.1f} vs {g['precision']:.1f}"),
+        ("pass within 5 points of GRPO's", abs(p["pass"] - g["pass"]) <= 5, f"{p['pass']:.1f} vs {g['pass']:.1f}"),
+    ]
+
+
+def write_results(path: str | os.PathLike, methods: Mapping[str, Sequence[Mapping[str, Any]]],
+                  extra: Mapping[str, Any] | None = None) -> None:
+    """results.json: `{"methods": {name: [per-seed objects]}}` plus any `extra` top-level keys."""
+    obj = {"methods": {k: list(v) for k, v in methods.items()}, **(extra or {})}
+    tmp = Path(f"{path}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[str, float]]],
+                keys: Sequence[tuple[str, str]]) -> None:
+    """One panel per (metric key, title); one line per method, averaged over seeds at each step.
+
+    `curves[method]` is a list of `{"seed", "step", key: value, ...}` records.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4))
+    for ax, (key, title) in zip(axes, keys):
+        for method, records in curves.items():
+            by_step: dict[int, list[float]] = {}
+            for r in records:
+                value = r.get(key)
+                if value is not None and math.isfinite(value):
+                    by_step.setdefault(int(r["step"]), []).append(value)
+            steps = sorted(by_step)
+            if steps:
+                ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=NAMES.get(method, method))
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    tmp = Path(f"{path}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
