@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -108,6 +109,13 @@ class Engine(abc.ABC):
 
 ENGINES: dict[str, Callable[..., Engine]] = {}
 
+# Built-in engines, imported on first use so that choosing `openai` never imports JAX.
+BUILTIN_ENGINES: dict[str, str] = {
+    "jax": "jaxrl.rollout.jax_engine",
+    "sglang": "jaxrl.rollout.sglang_engine",
+    "openai": "jaxrl.rollout.openai_engine",
+}
+
 
 def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
     """Decorator: make an engine constructor available to `make_engine(name, ...)`."""
@@ -122,7 +130,9 @@ def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[...
 
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
-    """The engine registered as `name`, built with `kwargs`."""
+    """The engine registered as `name` (a built-in one is imported first), built with `kwargs`."""
+    if name not in ENGINES and name in BUILTIN_ENGINES:
+        importlib.import_module(BUILTIN_ENGINES[name])
     if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(sorted(ENGINES))}")
+        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(sorted(set(ENGINES) | set(BUILTIN_ENGINES)))}")
     return ENGINES[name](**kwargs)
