@@ -1,7 +1,10 @@
 """Training checkpoints with Orbax: asynchronous, atomic, last N kept, mesh-independent.
 
 One checkpoint per step holds the train state (parameters, optimizer state, step),
-the RNG key and a JSON-able `extra` (the Grain iterator state, counters, ...).
+the RNG key, a JSON-able `extra` (counters, the best metric, ...) and every host's
+own JSON state (`host_extra`: its Grain iterator position). Orbax writes JSON items
+from the primary host only, so each host's state is gathered to all hosts first and
+stored as one list; `restore` hands each host its own entry back.
 
 Atomicity: Orbax writes a step into a temporary directory and renames it into place
 only once every array and the JSON item are written, so a process killed during a
@@ -21,6 +24,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl import hosts
 from jaxrl.train_step import TrainState
 
 
@@ -47,14 +51,20 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(os.fspath(directory), options=options,
                                               item_names=("state", "extra"))
 
-    def save(self, state: TrainState, rng_key: jax.Array, extra: dict[str, Any] | None = None) -> None:
-        """Start saving at step `state.step` (a step already saved is an error)."""
+    def save(self, state: TrainState, rng_key: jax.Array, extra: dict[str, Any] | None = None,
+             host_extra: Any = None) -> None:
+        """Start saving at step `state.step` (a step already saved is an error).
+
+        Every host must call this; `extra` is taken from the primary host, `host_extra`
+        from each host (e.g. its data-iterator state).
+        """
         step = int(state.step)
         if step in self._manager.all_steps():
             raise ValueError(f"step {step} is already saved")
         tree = {"train": state, "rng": jax.random.key_data(rng_key)}
+        extra = {**(extra or {}), "hosts": hosts.gather_json(host_extra)}
         self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(tree), extra=ocp.args.JsonSave(extra or {})), force=True)
+            state=ocp.args.StandardSave(tree), extra=ocp.args.JsonSave(extra)), force=True)
 
     def restore(
         self, abstract_state: TrainState, step: int | None = None
@@ -67,7 +77,7 @@ class Checkpointer:
             step: which step; None takes the latest finalized one.
 
         Returns:
-            (state, rng_key, extra).
+            (state, rng_key, extra); `extra["host"]` is this host's `host_extra`.
         """
         self.wait()
         step = self.latest_step() if step is None else step
@@ -78,7 +88,13 @@ class Checkpointer:
                   "rng": jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=abstract_state.step.sharding)}
         out = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
-        return out.state["train"], jax.random.wrap_key_data(out.state["rng"]), dict(out.extra or {})
+        extra = dict(out.extra or {})
+        per_host = extra.get("hosts") or [None]
+        if len(per_host) != jax.process_count():
+            raise ValueError(f"checkpoint {step} was written by {len(per_host)} hosts; this run has "
+                             f"{jax.process_count()}")
+        extra["host"] = per_host[jax.process_index()]
+        return out.state["train"], jax.random.wrap_key_data(out.state["rng"]), extra
 
     def latest_step(self) -> int | None:
         """The newest finalized step, or None."""

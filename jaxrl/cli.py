@@ -15,8 +15,10 @@ import sys
 # name -> (module, one-line help). Add a line here to add a subcommand.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("reward.check_cli", "verify a task set, or run predictions against their tests"),
+    "eval": ("jaxrl.eval.cli", "evaluate a model under the paper's protocol; `eval compare` tables and plots"),
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
+    "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
 }
 
 

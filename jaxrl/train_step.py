@@ -122,15 +122,24 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainStepConfig:
-    """One policy update: the loss, the optimizer and the number of micro-batches."""
+    """One policy update: the loss, the optimizer and the number of micro-batches.
+
+    Attributes:
+        logp_from: no loss-mask token lies before this position (the batch layout puts
+            every completion after a common prompt length), so log-probs are computed
+            from there on only: prompt positions skip the vocabulary projection.
+    """
 
     loss: LossConfig = LossConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     micro_batches: int = 1
+    logp_from: int = 0
 
     def __post_init__(self):
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.logp_from < 0:
+            raise ValueError(f"logp_from must be >= 0, got {self.logp_from}")
 
 
 @flax.struct.dataclass
@@ -206,18 +215,24 @@ def policy_loss(
     weights_BxT: jax.Array,
     token_weights_BxT: jax.Array,
     cfg: LossConfig,
+    logp_from: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The weighted PPO loss (plus KL) of one micro-batch, and its weighted metric sums.
 
     L = Σ_{b,t} w_{bt} · (ℓ^clip_{bt} + β · KL_{bt}). `weights_BxT` come from the whole
     batch, so micro-batch losses and metrics add up to the full-batch ones;
-    `token_weights_BxT` (token-mean) weigh the metrics entropy and clip fraction.
+    `token_weights_BxT` (token-mean) weigh the metrics entropy, clip fraction and the mean
+    sampler-trainer log-prob gap; metrics named `*_max` are maxima, not sums. Log-probs
+    before position `logp_from` (where the mask must be 0) are not computed and read 0.
     """
     model = nnx.merge(graphdef, params, rest)
     hidden_BxTxD = model(batch.tokens_BxT, segment_ids=batch.segment_ids_BxT, return_hidden=True)
     hidden_BxTxD = msh.constrain(hidden_BxTxD, ("batch", "seq", "act_embed"))
+    start = max(logp_from - 1, 0)  # the position that predicts token `logp_from`
     logp_BxT, entropy_BxT = losses.chunked_logprobs(
-        hidden_BxTxD, model.lm_head_weight(), batch.tokens_BxT, cfg.logp_chunk, cfg.temperature)
+        hidden_BxTxD[:, start:], model.lm_head_weight(), batch.tokens_BxT[:, start:], cfg.logp_chunk,
+        cfg.temperature)
+    logp_BxT, entropy_BxT = (jnp.pad(x, ((0, 0), (start, 0))) for x in (logp_BxT, entropy_BxT))
     mask_BxT = batch.loss_mask_BxT > 0
     frozen_logp_BxT = jax.lax.stop_gradient(logp_BxT)
     # Outside the mask the stored log-probs are arbitrary; keep exp() finite there.
@@ -230,6 +245,9 @@ def policy_loss(
         "entropy": (token_weights_BxT * entropy_BxT).sum(),
         "clip_frac": (token_weights_BxT * clipped_BxT).sum(),
         "ppo_kl": (token_weights_BxT * losses.kl_penalty(frozen_logp_BxT, old_logp_BxT, "k3")).sum(),
+        # How far the sampler's log-probs are from the trainer's (same weights: exactly 0).
+        "logp_gap_mean": (token_weights_BxT * jnp.abs(frozen_logp_BxT - old_logp_BxT)).sum(),
+        "logp_gap_max": jnp.abs(frozen_logp_BxT - old_logp_BxT).max(),
     }
     loss = pg_loss
     if cfg.kl_coef > 0:
@@ -271,12 +289,12 @@ def train_step(
 
     def accumulate(grads, mb):
         mb_batch, mb_w, mb_tw = jax.tree.map(lambda x: msh.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), mb)
-        (_, metrics), g = grad_fn(state.params, graphdef, rest, mb_batch, mb_w, mb_tw, cfg.loss)
+        (_, metrics), g = grad_fn(state.params, graphdef, rest, mb_batch, mb_w, mb_tw, cfg.loss, cfg.logp_from)
         return jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), metrics
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)  # fp32 accumulation
     grads, metrics = jax.lax.scan(accumulate, zeros, micro)
-    metrics = jax.tree.map(lambda x: x.sum(0), metrics)
+    metrics = {k: v.max(0) if k.endswith("_max") else v.sum(0) for k, v in metrics.items()}
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -235,3 +235,27 @@ def bytes_per_device(state: nnx.State, mesh: Mesh, rules: Sequence = RULES) -> i
         shard = s.shard_shape(shape)
         total += math.prod(shard) * np.dtype(v.dtype).itemsize
     return total
+
+
+def undivided(state: nnx.State, mesh: Mesh, rules: Sequence = RULES) -> list[str]:
+    """Parameters whose rules ask for a mesh axis that does not divide the dimension.
+
+    `logical_to_spec` then replicates that dimension along the axis (more memory
+    per device than the rules promise); callers warn or refuse with this list.
+    """
+    found = []
+    for path, v in nnx.to_flat_state(state):
+        if not (isinstance(v, nnx.Variable) and v.has_metadata("axes")):
+            continue
+        names = _axes_of(v)
+        wanted = logical_to_spec(names, rules, None, mesh)
+        got = logical_to_spec(names, rules, v.shape, mesh)
+        for dim, (w, g) in enumerate(zip(wanted, got)):
+            w_axes = () if w is None else (w,) if isinstance(w, str) else tuple(w)
+            g_axes = () if g is None else (g,) if isinstance(g, str) else tuple(g)
+            lost = [a for a in w_axes if a not in g_axes]
+            if lost:
+                found.append(f"{'.'.join(map(str, path))} {tuple(v.shape)}: dim {dim} ({names[dim]}, size "
+                             f"{v.shape[dim]}) not sharded over {lost} (mesh sizes "
+                             f"{[mesh.shape[a] for a in lost]})")
+    return found

@@ -5,7 +5,10 @@ must fail (a clean task only needs its solution to pass); the exit code is 1
 when any task fails that check. With --predictions, each prediction's program
 (its `code`, or the program extracted from its `response`) runs against its
 task's tests. One JSON object per run goes to --out (or stdout):
-task_id, target (solution, buggy or prediction), passed, status, duration_s.
+task_id, target (solution, buggy or prediction), passed, status, reason,
+duration_s. `reason` says why a run did not pass (the exception, "timeout",
+"no closed code block", ...) and is null for a pass; the statuses are
+described in README.md and docs/reward.md.
 """
 
 from __future__ import annotations
@@ -15,16 +18,20 @@ import json
 import sys
 from collections import Counter
 
-from reward.extract import extract_program
+from reward.extract import missing_program_reason
 from reward.fleet import Fleet
-from reward.sandbox import Job, Limits
-from reward.schema import Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+from reward.sandbox import Job, Limits, RunResult
+from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+from reward.score import program_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (REWARD_SPEC.md schema)")
+    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md and README.md)")
     parser.add_argument("--predictions", help="prediction JSONL file; omit to verify the task set itself")
     parser.add_argument("--out", help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--think-opened", action="store_true",
+                        help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
+                             "response without </think> has no answer; a prediction's own think_opened wins")
     parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="wall-clock seconds per run for tasks without timeout_s (default: 5)")
@@ -33,9 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def plan_runs(tasks: list[Task], predictions: list[Prediction] | None,
-              timeout_s: float) -> tuple[list[dict], list[Job | None]]:
-    """The runs to make: one record and one job (None when there is no program) per run."""
+def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, timeout_s: float,
+              think_opened: bool = False) -> tuple[list[dict], list[Job | None]]:
+    """The runs to make: one record and one job (None when there is no program) per run.
+
+    A prediction without a program gets its record's `reason` already (why extraction failed).
+    """
     limits = {t.task_id: Limits(timeout_s=t.timeout_s or timeout_s) for t in tasks}
     records: list[dict] = []
     jobs: list[Job | None] = []
@@ -49,8 +59,12 @@ def plan_runs(tasks: list[Task], predictions: list[Prediction] | None,
     by_id = {t.task_id: t for t in tasks}
     for pred in predictions:
         task = by_id[pred.task_id]
-        program = pred.code if pred.code is not None else extract_program(pred.response or "")
-        records.append({"task_id": pred.task_id, "target": "prediction"})
+        program = program_of(pred, think_opened)
+        record = {"task_id": pred.task_id, "target": "prediction"}
+        if program is None:
+            opened = think_opened if pred.think_opened is None else pred.think_opened
+            record["reason"] = missing_program_reason(pred.response or "", opened)
+        records.append(record)
         jobs.append(None if program is None else Job(program, task.tests, limits[task.task_id]))
     return records, jobs
 
@@ -69,21 +83,57 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {args.predictions}: predictions for unknown tasks: {', '.join(unknown[:5])}"
                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""), file=sys.stderr)
             return 2
-    records, jobs = plan_runs(tasks, predictions, args.timeout)
+    records, jobs = plan_runs(tasks, predictions, args.timeout, args.think_opened)
     runnable = [i for i, job in enumerate(jobs) if job is not None]
     with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
         results = fleet.run([jobs[i] for i in runnable], progress=False if args.no_progress else "check")
     for i, result in zip(runnable, results):
-        records[i].update(passed=result.passed, status=result.status, duration_s=round(result.duration_s, 4))
+        records[i].update(passed=result.passed, status=result.status,
+                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests)),
+                          duration_s=round(result.duration_s, 4))
     for record, job in zip(records, jobs):
         if job is None:
-            record.update(passed=False, status="invalid", duration_s=0.0)
+            record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
     if args.out:
         write_jsonl(args.out, records)
     else:
         for record in records:
             print(json.dumps(record))
     return _summarize(records, verifying=predictions is None)
+
+
+def failure_reason(result: RunResult, io: bool) -> str | None:
+    """Why a run did not pass, from its status and the stderr excerpt; None for a pass.
+
+    An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
+    defined"); a run that raised nothing says what happened instead (exited before the tests
+    finished, wrong output, ...).
+    """
+    if result.status == "pass":
+        return None
+    if result.status == "timeout":
+        return "timeout"
+    if result.status == "oom":
+        return "out of memory"
+    if result.status == "killed":
+        return "killed by a signal"
+    exception = last_exception(result.stderr)
+    if exception is not None:
+        return exception
+    if result.stderr.rstrip().endswith("more bytes]"):
+        return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
+    if io:
+        return "wrong output" if result.status == "fail" else "nonzero exit status"
+    return "exited before the tests finished"
+
+
+def last_exception(stderr: str, limit: int = 200) -> str | None:
+    """The exception line ("Type: message") of the last traceback in a stderr text, or None."""
+    _, found, tail = stderr.rpartition("Traceback (most recent call last):")
+    if not found:
+        return None
+    line = next((line for line in tail.split("\n")[1:] if line and not line[0].isspace()), None)
+    return None if line is None else line[:limit]
 
 
 def _summarize(records: list[dict], verifying: bool) -> int:

@@ -50,7 +50,7 @@ UID_LOCK_DIR = Path(tempfile.gettempdir()) / "precisecoder-sandbox-uids"
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Resource limits of one test run (REWARD_SPEC: 5 s wall clock, >= 1 GiB memory)."""
+    """Resource limits of one test run (docs/reward.md: 5 s wall clock, >= 1 GiB memory)."""
 
     timeout_s: float = 5.0
     memory_mb: int = 1024

@@ -1,4 +1,4 @@
-"""Task and prediction records (JSONL) exactly as REWARD_SPEC.md defines them.
+"""Task and prediction records (JSONL) exactly as docs/reward.md defines them.
 
 Loading validates every field and raises `SchemaError` naming the file, the
 line and the field, so a bad record is fixed at its source instead of
@@ -74,11 +74,17 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """A model's answer to a task: raw `response` text and/or an extracted `code`."""
+    """A model's answer to a task: raw `response` text and/or an extracted `code`.
+
+    `think_opened` says whether the prompt the response continues already opened
+    a `<think>` block (then the response must close it to have an answer); None
+    leaves it to the scorer's default (`--think-opened`, else False).
+    """
 
     task_id: str
     response: str | None = None
     code: str | None = None
+    think_opened: bool | None = None
 
 
 def tests_to_json(tests: Tests) -> dict[str, Any]:
@@ -169,7 +175,10 @@ def prediction_from_json(obj: Any) -> Prediction:
     for key, value in (("response", response), ("code", code)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"field '{key}' must be a string")
-    return Prediction(obj["task_id"], response, code)
+    think_opened = obj.get("think_opened")
+    if think_opened is not None and not isinstance(think_opened, bool):
+        raise ValueError("field 'think_opened' must be true or false")
+    return Prediction(obj["task_id"], response, code, think_opened)
 
 
 def prediction_to_json(pred: Prediction) -> dict[str, Any]:
@@ -178,6 +187,8 @@ def prediction_to_json(pred: Prediction) -> dict[str, Any]:
         obj["response"] = pred.response
     if pred.code is not None:
         obj["code"] = pred.code
+    if pred.think_opened is not None:
+        obj["think_opened"] = pred.think_opened
     return obj
 
 

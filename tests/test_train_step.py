@@ -250,3 +250,37 @@ def test_benchmark_json_line():
     analytic = result["analytic_flops_per_step"]
     assert analytic <= result["flops_per_step"] <= 1.5 * analytic
     assert result["xla_raw_flops_per_step"] < analytic
+
+
+def test_logp_from_skips_prompt_positions_without_changing_the_step():
+    """Log-probs from the first completion position on give the same loss, gradient and metrics."""
+    batch = make_batch(3)
+    graphdef, params, rest = nnx.split(Qwen3(CFG, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    cfg = ts.LossConfig(logp_chunk=4)
+    w = losses.loss_weights(batch.loss_mask_BxT, cfg.agg_mode)
+    tw = losses.loss_weights(batch.loss_mask_BxT, "token-mean")
+    grad = jax.jit(jax.value_and_grad(ts.policy_loss, has_aux=True), static_argnums=(1, 6, 7))
+    (loss0, m0), g0 = grad(params, graphdef, rest, batch, w, tw, cfg, 0)
+    (loss1, m1), g1 = grad(params, graphdef, rest, batch, w, tw, cfg, PROMPT)
+    assert float(loss1) == pytest.approx(float(loss0), rel=1e-6)
+    for k in m0:
+        assert float(m1[k]) == pytest.approx(float(m0[k]), rel=1e-5, abs=1e-7), k
+    for k, v in flat(g0).items():
+        np.testing.assert_allclose(flat(g1)[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_logp_gap_metrics_measure_sampler_trainer_difference():
+    """With the trainer's own log-probs as the sampler's, the gap is 0; a shift of δ on one token shows as δ."""
+    batch = make_batch(4)
+    graphdef, params, rest = nnx.split(Qwen3(CFG, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    model = nnx.merge(graphdef, params, rest)
+    own, _ = losses.logprobs_from_logits(model(batch.tokens_BxT), batch.tokens_BxT)
+    own = jnp.where(batch.loss_mask_BxT > 0, own, 0.0)
+    cfg = ts.LossConfig(logp_chunk=4)
+    w = losses.loss_weights(batch.loss_mask_BxT, cfg.agg_mode)
+    _, m = ts.policy_loss(params, graphdef, rest, batch.replace(old_logp_BxT=own), w, w, cfg)
+    assert float(m["logp_gap_max"]) < 1e-5 and float(m["logp_gap_mean"]) < 1e-6
+    shifted = own.at[0, PROMPT].add(0.25)
+    _, m = ts.policy_loss(params, graphdef, rest, batch.replace(old_logp_BxT=shifted), w, w, cfg)
+    assert float(m["logp_gap_max"]) == pytest.approx(0.25, abs=1e-5)
+    assert float(m["logp_gap_mean"]) == pytest.approx(0.25 / float(batch.loss_mask_BxT.sum()), rel=1e-3)

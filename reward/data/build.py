@@ -249,7 +249,7 @@ def split_of(problems: Sequence[Problem], cfg: BuildConfig) -> dict[str, str]:
 
 
 def _spans(buggy: str, solution: str) -> list[list[float]]:
-    """Spans of the reference blocks in the buggy program (REWARD_SPEC positions, 1-based)."""
+    """Spans of the reference blocks in the buggy program (positions of docs/reward.md, 1-based)."""
     return [[int(x) if x == int(x) else x for x in b.span] for b in diff(buggy, solution)]
 
 

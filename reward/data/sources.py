@@ -10,7 +10,7 @@
 - PDB: its released JSON (a list, or JSONL) with fields `task_id`,
   `task_prompt`, `buggy_code`, `gt_solution`, `gt_diff`, plus a tests file
   mapping each task id (or its base id) to an assert-code string or a test
-  object of REWARD_SPEC. PDB task ids name the base problem and a bug number
+  object of docs/reward.md. PDB task ids name the base problem and a bug number
   (`<base>_<n>`); a record's own `base_id` field wins when present.
 """
 

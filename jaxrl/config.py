@@ -1,0 +1,558 @@
+"""The run configuration: frozen typed dataclasses per concern, loaded from YAML.
+
+A run is described by one `Config` (model, data, rollout, reward, algorithm, loss,
+optimizer, mesh, validation, run). It is read from a YAML file, named (a file in
+`jaxrl/configs/` or the repository's `tpu_configs/`) or given by path, then
+`--set a.b=value` overrides are applied:
+
+    cfg = load_config("tiny", overrides=["run.steps=10", "rollout.group_size=4"])
+
+Every value is checked against its field's type (an int where an int is asked, a
+Literal's choices, ...); an unknown key or a wrong type raises `ConfigError` naming
+the dotted key. Each section validates its own invariants in `__post_init__`.
+
+A YAML file may start from another with `base: NAME_OR_PATH`: the base is loaded
+first and the file's keys are merged over it (mappings key by key, other values
+replaced). `to_yaml(cfg)` writes the fully resolved config, which loads back to an
+equal `Config`; the trainer writes it into the run directory.
+
+Every key is documented in docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from jaxrl.train_step import LossConfig, OptimizerConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending key."""
+
+
+# ---------------------------------------------------------------------------
+# sections
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The policy: a Qwen family model from an HF checkpoint, or a random one of a given shape.
+
+    Attributes:
+        family: "qwen3" (dense) or "qwen3_5" (Qwen3.5/3.6 hybrid); also picks the tokenizer.
+        checkpoint: an HF safetensors directory (config.json + weights).
+        architecture: an inline HF config.json dict for a randomly initialised model
+            (exactly one of `checkpoint` and `architecture`); `model_type` defaults to `family`.
+        init_seed: seed of the random initialisation.
+        dtype: compute dtype.
+        param_dtype: parameter (and optimizer state) dtype.
+        remat: recompute each layer's activations in the backward pass.
+        attention: the attention implementation ("xla": the einsum-softmax path of `models.layers`).
+    """
+
+    family: Literal["qwen3", "qwen3_5"] = "qwen3"
+    checkpoint: str | None = None
+    architecture: Mapping[str, Any] | None = None
+    init_seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: bool = True
+    attention: Literal["xla"] = "xla"
+
+    def __post_init__(self):
+        if (self.checkpoint is None) == (self.architecture is None):
+            raise ValueError("give exactly one of model.checkpoint and model.architecture")
+        if self.architecture is not None:
+            model_type = self.architecture.get("model_type", self.family)
+            if model_type not in (self.family, f"{self.family}_text"):
+                raise ValueError(f"model.architecture has model_type {model_type!r} but model.family is "
+                                 f"{self.family!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """Tasks built on the fly by `precisecoder data build` (HumanEval), cached in `cache_dir`.
+
+    Attributes:
+        source: the built-in problem source.
+        problems: use the first P problems of the source (None: all).
+        seed: the build's seed (mutants, composites, splits).
+        max_per_operator: single-fault candidates per operator and problem.
+        cache_dir: where the built files live; a build with the same spec is reused.
+    """
+
+    source: Literal["humaneval"] = "humaneval"
+    problems: int | None = None
+    seed: int = 0
+    max_per_operator: int = 4
+    cache_dir: str = "~/.cache/precisecoder/tasks"
+
+    def __post_init__(self):
+        if self.problems is not None and self.problems < 1:
+            raise ValueError(f"data.build.problems must be >= 1, got {self.problems}")
+        if self.max_per_operator < 0:
+            raise ValueError(f"data.build.max_per_operator must be >= 0, got {self.max_per_operator}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the tasks come from and how many a step takes.
+
+    Attributes:
+        train, val, gt_debug: task JSONL files (the schema of docs/data.md). With `build`,
+            an unset one is taken from the built set (train.jsonl, val.jsonl, gt_debug.jsonl).
+        build: build the task set on the fly instead of (or besides) files.
+        tasks_per_step: N, the tasks of one RL step (each gets G rollouts).
+        prompt: the paper's prompt template (`jaxrl.prompts`).
+        seed: seeds the shuffle of the training tasks (each epoch reshuffled).
+        clean_share: share of clean rows (a training problem's correct program shown as
+            buggy code) mixed into the training tasks; "GRPO + clean rows" uses it.
+    """
+
+    train: str | None = None
+    val: str | None = None
+    gt_debug: str | None = None
+    build: BuildSpec | None = None
+    tasks_per_step: int = 32
+    prompt: Literal["minimal", "abstain"] = "minimal"
+    seed: int = 0
+    clean_share: float = 0.0
+
+    def __post_init__(self):
+        if self.train is None and self.build is None:
+            raise ValueError("give data.train (a task JSONL) or data.build")
+        if self.tasks_per_step < 1:
+            raise ValueError(f"data.tasks_per_step must be >= 1, got {self.tasks_per_step}")
+        if not 0 <= self.clean_share < 1:
+            raise ValueError(f"data.clean_share must be in [0, 1), got {self.clean_share}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How completions are sampled (the paper's settings by default).
+
+    Attributes:
+        engine: a registered engine name (`jax`, `sglang`, ...).
+        group_size: G, rollouts per task.
+        temperature, top_p, top_k: sampling (top_k 0 keeps all tokens).
+        max_tokens: completion tokens in total, thinking and answer.
+        thinking_budget: thinking tokens before the engine closes the block (None: no budget).
+        options: engine-specific keyword arguments (e.g. SGLang `urls`, a memory share).
+    """
+
+    engine: str = "jax"
+    group_size: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 6144
+    thinking_budget: int | None = 4096
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_tokens < 1:
+            raise ValueError("rollout.top_k must be >= 0 and rollout.max_tokens >= 1")
+        if self.thinking_budget is not None and not 0 <= self.thinking_budget <= self.max_tokens:
+            raise ValueError(f"rollout.thinking_budget must be in [0, max_tokens], got {self.thinking_budget}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """The PreciseCoder reward and the verification fleet that computes it.
+
+    Attributes:
+        lam: λ, the weight of the f1 term (r_λ = (1 − λ)·unit + λ·f1).
+        epsilon: ε of the per-component cap (a task's own epsilon wins).
+        workers: sandbox workers of this host's fleet (None: the host's CPU count).
+        timeout_s: wall-clock limit of one test run (a task's own timeout wins).
+        isolation: "auto" (bubblewrap, else rlimits with a warning), "bwrap" or "rlimits".
+        threads: concurrent scorer calls in the reward pipeline (None: `workers`).
+    """
+
+    lam: float = 1 / 3
+    epsilon: int = 1
+    workers: int | None = None
+    timeout_s: float = 5.0
+    isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
+    threads: int | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"reward.lam must be in [0, 1], got {self.lam}")
+        if self.epsilon < 0:
+            raise ValueError(f"reward.epsilon must be >= 0, got {self.epsilon}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"reward.threads must be >= 1, got {self.threads}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"reward.timeout_s must be positive, got {self.timeout_s}")
+
+
+ALGORITHMS = ("precisecoder", "grpo", "drgrpo", "rloo", "ea_grpo", "grpo_f1sum", "grpo_clean_rows")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    """Which reward terms feed which advantage estimator (`jaxrl.algorithms`).
+
+    Attributes:
+        name: precisecoder (GDPO over [unit, f1], weights [1 − λ, λ]), grpo / drgrpo / rloo
+            (unit only), ea_grpo (unit with the edit-size penalty), grpo_f1sum (GRPO on
+            r_λ), grpo_clean_rows (GRPO on unit, plus fewer edited lines on clean rows).
+        options: keyword options of the estimator (e.g. `eps`, `token_weighted`, `alpha`, `beta`).
+    """
+
+    name: Literal["precisecoder", "grpo", "drgrpo", "rloo", "ea_grpo", "grpo_f1sum", "grpo_clean_rows"] = \
+        "precisecoder"
+    options: Mapping[str, float | int | bool] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh and the logical → mesh axis rules.
+
+    Attributes:
+        data, fsdp, tensor: mesh sizes over all devices of all hosts; one may be -1
+            (the rest of the devices).
+        rules: logical axis → mesh axes, merged over `models.sharding.RULES`
+            (`{embed: fsdp, mlp: [tensor], seq: null}`).
+        strict: refuse (instead of warning) when a mesh axis does not divide the
+            dimension it is asked to shard.
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    rules: Mapping[str, tuple[str, ...] | str | None] = dataclasses.field(default_factory=dict)
+    strict: bool = False
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise ValueError(f"mesh sizes must be positive with at most one -1, got {sizes}")
+        for name, axes in self.rules.items():
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+            bad = set(axes) - {"data", "fsdp", "tensor"}
+            if bad:
+                raise ValueError(f"mesh.rules.{name} names unknown mesh axes {sorted(bad)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+    """Validation on the val split (pass, precision, recall, lines) and GT Debug (no-op, damage).
+
+    It runs `precisecoder eval`'s protocol (`jaxrl.eval`): one sample per task by default,
+    the run's prompt, thinking on.
+
+    Attributes:
+        val_tasks, gt_debug_tasks: use the first T tasks of each file (None: all; 0: skip).
+        samples: completions per task.
+        temperature, top_p, top_k: sampling.
+        max_tokens, thinking_budget: budgets on the val split (the paper's 6,144 / 4,096).
+        gt_debug_thinking_budget: thinking budget on GT Debug (16,384); its total is this
+            plus the val split's room for the answer (max_tokens − thinking_budget).
+    """
+
+    val_tasks: int | None = None
+    gt_debug_tasks: int | None = None
+    samples: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 6144
+    thinking_budget: int | None = 4096
+    gt_debug_thinking_budget: int | None = 16384
+
+    def __post_init__(self):
+        for name in ("val_tasks", "gt_debug_tasks"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"validation.{name} must be >= 0, got {getattr(self, name)}")
+        if self.samples < 1 or self.max_tokens < 1:
+            raise ValueError("validation.samples and validation.max_tokens must be >= 1")
+        if self.thinking_budget is not None and not 0 <= self.thinking_budget < self.max_tokens:
+            raise ValueError(f"validation.thinking_budget must leave room for an answer within max_tokens, "
+                             f"got {self.thinking_budget} of {self.max_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The loop: how long, how often to validate and save, where to write.
+
+    Attributes:
+        steps: RL steps in all (a resumed run continues up to this).
+        micro_batches: gradient-accumulation micro-batches of one update.
+        eval_every: validate every k steps (0: never, except at the end).
+        save_every: checkpoint every k steps (the last step is always saved).
+        keep_last: checkpoints kept besides the best one.
+        best_metric: a validation metric (e.g. `val/pass`) whose best checkpoint is kept; None: none.
+        best_mode: "max" or "min" for `best_metric`.
+        out: the run directory.
+        seed: seeds the initialisation's RNG stream of sampling.
+        progress: show a live progress display.
+        tensorboard: write TensorBoard event files besides metrics.jsonl.
+    """
+
+    steps: int = 200
+    micro_batches: int = 1
+    eval_every: int = 25
+    save_every: int = 25
+    keep_last: int = 3
+    best_metric: str | None = "val/pass"
+    best_mode: Literal["max", "min"] = "max"
+    out: str = "runs/run"
+    seed: int = 0
+    progress: bool = True
+    tensorboard: bool = True
+
+    def __post_init__(self):
+        if self.steps < 1 or self.micro_batches < 1 or self.keep_last < 1:
+            raise ValueError("run.steps, run.micro_batches and run.keep_last must be >= 1")
+        if self.eval_every < 0 or self.save_every < 0:
+            raise ValueError("run.eval_every and run.save_every must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """One training run, every setting in one place; `model` and `data` have no defaults."""
+
+    name: str = "run"
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    loss: LossConfig = LossConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    mesh: MeshConfig = MeshConfig()
+    validation: ValidationConfig = ValidationConfig()
+    run: RunConfig = RunConfig()
+
+    def __post_init__(self):
+        if self.loss.temperature != self.rollout.temperature and self.rollout.temperature > 0:
+            raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
+                             f"({self.rollout.temperature}): the update scores tokens under the sampling distribution")
+
+
+# ---------------------------------------------------------------------------
+# typed construction from plain data
+
+
+def _describe(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """`value` checked (and converted where lossless) against the type hint `tp`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+        return from_dict(tp, value, f"{key}.")
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{key}: may not be null")
+        errors = []
+        for arm in args:
+            if arm is type(None):
+                continue
+            try:
+                return _coerce(arm, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {' or '.join(_describe(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args):
+            raise ConfigError(f"{key}: expected one of {list(args)}, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin in (Mapping, dict) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        vt = args[1] if len(args) == 2 else Any
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: keys must be strings, got {k!r}")
+            out[k] = _coerce(vt, v, f"{key}.{k}")
+        return out
+    raise ConfigError(f"{key}: unsupported field type {tp}")
+
+
+def from_dict(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build dataclass `cls` from plain data, checking every key and type (defaults fill the rest)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]}; {prefix.rstrip('.') or 'the config'} takes: "
+                          f"{', '.join(fields)}")
+    missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing key {prefix}{missing[0]}")
+    kwargs = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError, KeyError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain YAML-able data of a config (tuples as lists)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Mapping):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML; `load_config` of it gives an equal `Config`."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=100)
+
+
+# ---------------------------------------------------------------------------
+# files, names and overrides
+
+
+def config_dirs() -> list[Path]:
+    """Where named configs live: the package's `configs/`, then the repository's `tpu_configs/`."""
+    here = Path(__file__).resolve().parent
+    return [here / "configs", here.parent / "tpu_configs"]
+
+
+def config_names() -> list[str]:
+    """Names of the configs in `config_dirs()`."""
+    return sorted({p.stem for d in config_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def resolve_path(name_or_path: str | os.PathLike) -> Path:
+    """A config's file: an existing path, else `NAME.yaml` in `config_dirs()`."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p
+    for d in config_dirs():
+        if (d / f"{name_or_path}.yaml").is_file():
+            return d / f"{name_or_path}.yaml"
+    raise ConfigError(f"no config {str(name_or_path)!r}: not a file and not a named config "
+                      f"(named: {', '.join(config_names()) or 'none'})")
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def read_yaml(name_or_path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The raw data of a config file with its `base:` chain merged in."""
+    path = resolve_path(name_or_path).resolve()
+    if path in _seen:
+        raise ConfigError(f"config {path} is its own base")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    base = data.pop("base", None)
+    if base is None:
+        return dict(data)
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be a config name or path, got {base!r}")
+    base_path = Path(base).expanduser()
+    if not base_path.is_absolute() and (path.parent / base_path).is_file():
+        base = str(path.parent / base_path)
+    return _merge(read_yaml(base, _seen + (path,)), data)
+
+
+_OVERRIDE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)=(.*)$", re.S)
+
+
+def apply_override(data: Mapping[str, Any], override: str) -> dict[str, Any]:
+    """`data` with one `a.b.c=value` applied; the value is parsed as YAML (`1`, `true`, `null`, `[1, 2]`)."""
+    m = _OVERRIDE.match(override)
+    if not m:
+        raise ConfigError(f"override {override!r} is not KEY=VALUE with a dotted KEY")
+    keys, raw = m.group(1).split("."), m.group(2)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    out = dict(data)
+    node = out
+    for i, k in enumerate(keys[:-1]):
+        child = node.get(k)
+        if child is None:
+            child = {}
+        elif not isinstance(child, Mapping):
+            raise ConfigError(f"override {override!r}: {'.'.join(keys[:i + 1])} is not a section")
+        node[k] = dict(child)
+        node = node[k]
+    node[keys[-1]] = value
+    return out
+
+
+def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                data: Mapping[str, Any] | None = None) -> Config:
+    """A `Config` from a named or path YAML (or from `data`), with `key=value` overrides applied."""
+    raw = read_yaml(name_or_path) if name_or_path is not None else dict(data or {})
+    for o in overrides:
+        raw = apply_override(raw, o)
+    return from_dict(Config, raw)

@@ -1,0 +1,234 @@
+"""Evaluate a model under the paper's protocol, or put several evaluations side by side.
+
+  precisecoder eval --tasks T.jsonl (--model PATH | --checkpoint DIR | --engine sglang --url URL
+                    | --engine openai --base-url URL --model-name NAME) --out DIR [options]
+  precisecoder eval compare DIR... [--out DIR]
+
+`eval` renders every task with the chosen prompt (the paper's wording), samples,
+extracts the program, scores it with the PreciseCoder scorer and writes
+DIR/predictions.jsonl (full response and thinking; `precisecoder score` reads it
+as is), DIR/scores.jsonl, DIR/summary.json and DIR/report.md. Rerunning the same
+command after an interruption continues from DIR/predictions.jsonl.
+
+`eval compare` reads the summary.json of each run directory and writes
+compare.md (a row per run: buggy and clean columns with 95% intervals, then
+per task kind), precision_vs_pass.png and noop_vs_damage.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from jaxrl.eval.evaluate import EvalError, evaluate
+from jaxrl.eval.protocol import EvalSettings
+from reward.fleet import Fleet
+from reward.schema import SchemaError, load_tasks
+from reward.score_cli import load_predictions_for
+
+ENGINES = ("jax", "sglang", "openai")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _budget(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'none', got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EvalSettings()
+    actions = parser.add_subparsers(dest="action", metavar="[compare]")
+    compare = actions.add_parser("compare", help="put several eval runs side by side (Markdown table and PNGs)",
+                                 description="Put several eval runs side by side: compare.md (the paper's Table 2 "
+                                             "layout), precision_vs_pass.png (Figure 12) and noop_vs_damage.png "
+                                             "(Figure 14).")
+    compare.add_argument("runs", nargs="+", metavar="DIR", help="run directories written by `precisecoder eval`")
+    compare.add_argument("--out", default="compare", help="write compare.md and the PNGs here (default: ./compare)")
+
+    what = parser.add_argument_group("what to evaluate")
+    what.add_argument("--tasks", help="task JSONL file")
+    what.add_argument("--out", help="run directory for predictions, scores, summary and report")
+    what.add_argument("--model", metavar="PATH", help="HF safetensors directory, sampled with the jax engine")
+    what.add_argument("--checkpoint", metavar="DIR", help="a `precisecoder train` run or checkpoint directory")
+    what.add_argument("--engine", choices=ENGINES, help="jax (default with --model/--checkpoint), sglang or openai")
+    what.add_argument("--url", action="append", default=[], help="SGLang server URL (repeat for several)")
+    what.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    what.add_argument("--model-name", help="the served model's name (openai); also the default --name")
+    what.add_argument("--name", help="the model's name in reports and plots (default: from the source)")
+    what.add_argument("--tokenizer", choices=("qwen3", "qwen3_5"),
+                      help="chat template and vocabulary for sglang/openai (default: from the model's config, "
+                           "else qwen3_5)")
+    what.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="jax engine weights")
+
+    protocol = parser.add_argument_group("protocol (defaults follow the paper)")
+    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
+    protocol.add_argument("--candidates", metavar="C.jsonl",
+                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task)")
+    protocol.add_argument("--samples", type=_positive_int, default=defaults.samples, help="samples per task (K)")
+    protocol.add_argument("--temperature", type=float, default=defaults.temperature)
+    protocol.add_argument("--top-p", type=float, default=defaults.top_p)
+    protocol.add_argument("--top-k", type=int, default=defaults.top_k)
+    protocol.add_argument("--thinking-budget", type=_budget, default=defaults.thinking_budget,
+                          help="thinking tokens on buggy tasks ('none': no budget; default 4096)")
+    protocol.add_argument("--max-tokens", type=_positive_int, default=defaults.max_tokens,
+                          help="completion tokens in total on buggy tasks (default 6144)")
+    protocol.add_argument("--clean-thinking-budget", type=_budget, default=defaults.clean_thinking_budget,
+                          help="thinking tokens on clean (GT Debug) tasks (default 16384; the answer room "
+                               "max-tokens − thinking-budget is kept)")
+    protocol.add_argument("--no-thinking", action="store_true", help="render prompts with thinking off")
+    protocol.add_argument("--seed", type=int, default=defaults.seed)
+    protocol.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=defaults.lam,
+                          help="weight λ of f1 in the reward (default 1/3)")
+    protocol.add_argument("--epsilon", type=int, default=defaults.epsilon, help="ε of the credit cap (default 1)")
+    protocol.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                          help="seconds per test run for tasks without timeout_s (default 5)")
+
+    run = parser.add_argument_group("execution")
+    run.add_argument("--batch-size", type=_positive_int, default=None,
+                     help="prompts per engine call (default: 16 for jax, 1 for servers)")
+    run.add_argument("--concurrency", type=_positive_int, default=None,
+                     help="engine calls in flight (default: 1 for jax, 16 for servers)")
+    run.add_argument("--retries", type=int, default=3, help="extra attempts of a failed engine call (default 3)")
+    run.add_argument("--request-timeout", type=float, default=600.0,
+                     help="seconds per HTTP request of sglang/openai (default 600)")
+    run.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
+    run.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto", help="sandbox isolation")
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+class UsageError(ValueError):
+    """A bad combination of arguments (exit code 2)."""
+
+
+def settings_of(args: argparse.Namespace) -> EvalSettings:
+    try:
+        return EvalSettings(prompt=args.prompt, samples=args.samples, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, thinking_budget=args.thinking_budget, max_tokens=args.max_tokens,
+                            clean_thinking_budget=args.clean_thinking_budget, enable_thinking=not args.no_thinking,
+                            seed=args.seed, lam=args.lam, epsilon=args.epsilon, timeout_s=args.timeout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def engine_kind(args: argparse.Namespace) -> str:
+    """The engine the arguments ask for, or UsageError naming what is missing or clashing."""
+    sources = [flag for flag, value in (("--model", args.model), ("--checkpoint", args.checkpoint)) if value]
+    if len(sources) > 1:
+        raise UsageError("give one of --model and --checkpoint")
+    engine = args.engine or ("jax" if sources else None)
+    if engine is None:
+        raise UsageError("say what to evaluate: --model PATH, --checkpoint DIR, --engine sglang --url URL "
+                         "or --engine openai --base-url URL --model-name NAME")
+    if engine == "jax" and not sources:
+        raise UsageError("the jax engine needs --model PATH or --checkpoint DIR")
+    if engine == "sglang" and not args.url:
+        raise UsageError("--engine sglang needs --url URL")
+    if engine == "openai" and not (args.base_url and args.model_name):
+        raise UsageError("--engine openai needs --base-url URL and --model-name NAME")
+    if engine != "sglang" and args.url:
+        raise UsageError("--url is for --engine sglang")
+    if engine != "openai" and args.base_url:
+        raise UsageError("--base-url is for --engine openai")
+    return engine
+
+
+def open_engine(kind: str, args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """(engine, tokenizer, model description) for the arguments."""
+    from jaxrl.eval import sources  # noqa: PLC0415  (imports JAX; compare and --help stay light)
+
+    return sources.open_source(kind, args)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
+    from jaxrl.eval.report import compare_markdown  # noqa: PLC0415
+
+    summaries = []
+    for run in args.runs:
+        path = Path(run) / "summary.json"
+        try:
+            summaries.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"error: {path}: {e}", file=sys.stderr)
+            return 2
+        if not {"model", "settings", "buggy", "clean", "kinds", "invalid", "samples"} <= summaries[-1].keys():
+            print(f"error: {path} is not an eval summary", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = compare_markdown(summaries)
+    (out / "compare.md").write_text(table, encoding="utf-8")
+    print(table)
+    for name, draw in (("precision_vs_pass.png", plots.precision_vs_pass), ("noop_vs_damage.png", plots.noop_vs_damage)):
+        if draw(summaries, out / name):
+            print(f"wrote {out / name}")
+        else:
+            print(f"skipped {name}: no run has the tasks it needs")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.action == "compare":
+        return run_compare(args)
+    try:
+        if not args.tasks or not args.out:
+            raise UsageError("--tasks and --out are required")
+        if (args.prompt == "refine") != (args.candidates is not None):
+            raise UsageError("--prompt refine needs --candidates, and only it takes them")
+        if args.retries < 0:
+            raise UsageError(f"--retries must be >= 0, got {args.retries}")
+        settings = settings_of(args)
+        kind = engine_kind(args)
+        tasks = load_tasks(args.tasks)
+        if not tasks:
+            raise UsageError(f"{args.tasks} holds no tasks")
+        candidates = None
+        if args.candidates:
+            by_id = {t.task_id: t for t in tasks}
+            candidates = {}
+            for pred in load_predictions_for(args.candidates, by_id):
+                candidates.setdefault(pred.task_id, pred)
+    except (UsageError, SchemaError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    server = kind != "jax"
+    batch_size = args.batch_size or (1 if server else 16)
+    concurrency = args.concurrency or (16 if server else 1)
+    try:
+        engine, tokenizer, model = open_engine(kind, args)
+    except (UsageError, OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with engine, Fleet(workers=args.workers, isolation=args.isolation,
+                           cache_path=_cache_path(args.out)) as fleet:
+            result = evaluate(engine, tokenizer, tasks, settings, fleet, model=model, task_set=args.tasks,
+                              candidates=candidates, out_dir=args.out, batch_size=batch_size,
+                              concurrency=concurrency, retries=args.retries, progress=not args.no_progress)
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
+    print(f"wrote {args.out}/predictions.jsonl, scores.jsonl, summary.json, report.md "
+          f"({len(result.samples)} samples)")
+    return 0
+
+
+def _cache_path(out: str) -> Path:
+    """The run's persistent test-verdict cache, so a rerun re-scores in seconds."""
+    path = Path(out) / ".cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path / "runs.jsonl"

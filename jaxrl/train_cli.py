@@ -1,0 +1,54 @@
+"""Train a policy with RL: `precisecoder train --config NAME|PATH [--steps N] [--out DIR] [--resume] [--set k=v ...]`.
+
+Runs the loop of docs/trainer.md (sample, score, advantages, update, push weights;
+validate and checkpoint every k steps). Named configs: `jaxrl/configs/*.yaml`
+(e.g. `tiny`, which trains on this CPU in minutes). On a pod, run the same command
+on every host (`--coordinator`, `--num-processes`, `--process-id` where JAX cannot
+detect them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="a named config (see jaxrl/configs) or a YAML path")
+    parser.add_argument("--steps", type=int, help="run.steps: train up to this step")
+    parser.add_argument("--out", help="run.out: the run directory")
+    parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (dotted), e.g. --set rollout.group_size=4; repeatable")
+    parser.add_argument("--coordinator", help="multi-host: the coordinator's HOST:PORT")
+    parser.add_argument("--num-processes", type=int, help="multi-host: number of processes")
+    parser.add_argument("--process-id", type=int, help="multi-host: this process's index")
+
+
+def main(args: argparse.Namespace) -> int:
+    from jaxrl.config import ConfigError
+
+    try:
+        from jaxrl.trainer import config_from_args
+        cfg = config_from_args(args.config, args.overrides, args.steps, args.out)
+    except ConfigError as e:
+        print(f"precisecoder train: config error: {e}", file=sys.stderr)
+        return 2
+    from jaxrl import hosts
+    from jaxrl.tasks import DataError
+    from jaxrl.trainer import TrainError, train
+    from reward.schema import SchemaError
+
+    hosts.initialize(args.coordinator, args.num_processes, args.process_id)
+    try:
+        last = train(cfg, resume=args.resume)
+    except (TrainError, DataError, SchemaError) as e:
+        print(f"precisecoder train: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"precisecoder train: interrupted; continue with --resume --out {cfg.run.out}", file=sys.stderr)
+        return 130
+    if hosts.is_primary():
+        print(json.dumps({k: v for k, v in last.items() if not k.startswith("share/")}, sort_keys=True))
+    return 0

@@ -1,0 +1,64 @@
+"""Validation during training through the evaluation code path (`jaxrl.eval.evaluate`).
+
+The val split (buggy tasks: pass, precision, recall, f1, edited lines) and GT Debug
+(clean tasks: no-op, damage) are evaluated in one `evaluate` call under the paper's
+protocol, with the engine the trainer holds (the current policy) and the trainer's
+reward pipeline as the scorer, so validation numbers are `precisecoder eval`'s.
+On several hosts each host evaluates every P-th task and the samples and scores are
+gathered before the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from jaxrl import hosts
+from jaxrl.config import Config
+from jaxrl.eval.evaluate import Sample, evaluate, metrics_of, summarize
+from jaxrl.eval.protocol import EvalSettings
+from jaxrl.rollout import Engine
+from reward.schema import Task
+from reward.score import Score
+
+
+def eval_settings(cfg: Config, seed: int) -> EvalSettings:
+    """The evaluation protocol of the run's validation."""
+    v = cfg.validation
+    return EvalSettings(prompt=cfg.data.prompt, samples=v.samples, temperature=v.temperature, top_p=v.top_p,
+                        top_k=v.top_k, thinking_budget=v.thinking_budget, max_tokens=v.max_tokens,
+                        clean_thinking_budget=v.gt_debug_thinking_budget, seed=seed, lam=cfg.reward.lam,
+                        epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
+
+
+def _renamed(metrics: dict[str, float]) -> dict[str, float]:
+    clean = {"noop", "damage", "clean/noop", "clean/damage"}
+    out = {}
+    for k, v in metrics.items():
+        out[f"gt_debug/{k.split('/')[-1]}" if k in clean else f"val/{k}"] = float(v)
+    return out
+
+
+def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task], cfg: Config,
+             seed: int) -> dict[str, float]:
+    """`val/{pass,precision,recall,f1,lines,...}` and `gt_debug/{noop,damage}` of the engine's current policy.
+
+    Args:
+        tasks: val tasks and GT Debug (clean) tasks together.
+        scorer: scores (task, prediction) pairs in order (the trainer's `RewardPipeline`).
+        seed: the evaluation's sampling seed.
+    """
+    if not tasks:
+        return {}
+    settings = eval_settings(cfg, seed)
+    mine = list(tasks[jax.process_index()::jax.process_count()])
+    result = evaluate(engine, tokenizer, mine, settings, None, scorer=scorer, batch_size=max(len(mine), 1))
+    if jax.process_count() == 1:
+        return _renamed(metrics_of(result.summary))
+    gathered = hosts.gather_json([[s.to_json() for s in result.samples], [s.to_json() for s in result.scores]])
+    samples = [Sample.from_json(d) for host_samples, _ in gathered for d in host_samples]
+    scores = [Score(**{**d, "components": ()}) for _, host_scores in gathered for d in host_scores]
+    order = [t for p in range(jax.process_count()) for t in tasks[p::jax.process_count()]]
+    return _renamed(metrics_of(summarize(order, samples, scores, settings, {})))

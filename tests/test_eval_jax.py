@@ -1,0 +1,63 @@
+"""`precisecoder eval --model` end to end: the jax engine on a tiny random Qwen3.5 with the real tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from eval_fakes import TASKS
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from jaxrl import cli
+from reward.schema import write_tasks
+
+TINY = dict(vocab_size=248320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen3_5")
+    torch.manual_seed(0)
+    Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).save_pretrained(path)
+    return path
+
+
+def common(model_dir, tmp_path) -> list[str]:
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, TASKS)
+    return ["eval", "--tasks", str(tasks), "--model", str(model_dir), "--dtype", "float32", "--temperature", "0",
+            "--thinking-budget", "4", "--max-tokens", "10", "--clean-thinking-budget", "6", "--samples", "2",
+            "--workers", "2", "--no-progress"]
+
+
+def test_eval_with_the_jax_engine(model_dir, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    assert cli.main([*common(model_dir, tmp_path), "--out", str(tmp_path / "a")]) == 0
+    preds = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
+    assert [(p["task_id"], p["sample"]) for p in preds] == [(t.task_id, k) for t in TASKS for k in range(2)]
+    for p in preds:
+        clean = p["task_id"].endswith("#clean")
+        assert p["think_opened"] is True  # Qwen3.5's template opens <think> with thinking on
+        assert p["completion_tokens"] <= (12 if clean else 10)
+        if p["budget_hit"]:  # the engine closed the think block after the budget
+            assert "</think>" in p["response"] and p["thinking"] is not None
+    assert any(p["budget_hit"] for p in preds)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["model"]["engine"] == "jax" and summary["model"]["name"] == model_dir.name
+    assert summary["settings"]["clean_max_tokens"] == 12 and summary["samples"] == 10
+
+    assert cli.main(["score", "--tasks", str(tasks), "--predictions", str(tmp_path / "a" / "predictions.jsonl"),
+                     "--out", str(tmp_path / "scored.jsonl"), "--workers", "2", "--no-progress"]) == 0
+    assert (tmp_path / "scored.jsonl").read_text() == (tmp_path / "a" / "scores.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_greedy_eval_does_not_depend_on_batching(model_dir, tmp_path):
+    args = common(model_dir, tmp_path)
+    assert cli.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert cli.main([*args, "--out", str(tmp_path / "b"), "--batch-size", "2"]) == 0
+    assert (tmp_path / "b" / "predictions.jsonl").read_text() == (tmp_path / "a" / "predictions.jsonl").read_text()
