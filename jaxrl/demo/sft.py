@@ -37,9 +37,9 @@ class SFTConfig:
         rewrite_share: share of targets that are the over-editing rewrite.
     """
 
-    steps: int = 600
+    steps: int = 1000
     batch_size: int = 32
-    learning_rate: float = 3e-3
+    learning_rate: float = 5e-3
     warmup_steps: int = 30
     rewrite_share: float = 0.5
 
