@@ -49,3 +49,12 @@ def test_curves_png(tmp_path):
               "precisecoder": [{"seed": 0, "step": s, "rollout/pass": 0.4 + s / 10} for s in range(1, 4)]}
     rep.plot_curves(tmp_path / "c.png", curves, (("rollout/pass", "pass"), ("rollout/edited_lines", "lines")))
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_coupling_by_hand():
+    from types import SimpleNamespace as S
+
+    scores = [S(valid=True, damage=None, edited_lines=3, unit=1), S(valid=True, damage=None, edited_lines=2, unit=1),
+              S(valid=True, damage=None, edited_lines=1, unit=1), S(valid=True, damage=None, edited_lines=1, unit=0),
+              S(valid=False, damage=None, edited_lines=None, unit=0), S(valid=True, damage=0, edited_lines=4, unit=1)]
+    assert rep.coupling(scores) == {"pass_overedit": 100.0, "pass_tight": 50.0, "overedit_share": 50.0}

@@ -9,7 +9,7 @@ from jaxrl.demo.tokenizer import DemoTokenizer
 from models.qwen3 import Qwen3, Qwen3Config
 
 
-def policy_config(tokenizer: DemoTokenizer, hidden: int = 128, layers: int = 3, heads: int = 4) -> Qwen3Config:
+def policy_config(tokenizer: DemoTokenizer, hidden: int = 64, layers: int = 2, heads: int = 4) -> Qwen3Config:
     """Qwen3 with the demo vocabulary and a few narrow layers.
 
     Tied embeddings, as the small Qwen3 models have; head_dim = hidden / heads,

@@ -33,6 +33,25 @@ def row_of(summary: Mapping[str, Any], seed: int) -> dict[str, Any]:
             "damage": pct(clean, "damage")}
 
 
+def coupling(scores: Sequence[Any]) -> dict[str, float | None]:
+    """Does over-editing go with passing? Pass % of valid buggy-task answers that edit ≥ 2 lines vs ≤ 1.
+
+    Every demo task has one faulty line, so an answer editing two or more lines
+    over-edits. If the two pass rates were equal, a reward for precision could
+    cut edits at no cost in passing by construction; the demo's domain is built
+    so that they are not (docs/demo.md).
+    """
+    buggy = [s for s in scores if s.valid and s.damage is None]
+    over = [s.unit for s in buggy if s.edited_lines >= 2]
+    tight = [s.unit for s in buggy if s.edited_lines <= 1]
+
+    def pct(xs: list[int]) -> float | None:
+        return 100.0 * sum(xs) / len(xs) if xs else None
+
+    return {"pass_overedit": pct(over), "pass_tight": pct(tight),
+            "overedit_share": 100.0 * len(over) / len(buggy) if buggy else None}
+
+
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
     """Mean and population std of the non-null values (std 0 for one value)."""
     xs = [v for v in values if v is not None]
@@ -120,8 +139,9 @@ def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[s
 
 def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
                     greedy: Mapping[str, Sequence[Mapping[str, Any]]], seeds: int, seconds: float,
-                    load: Sequence[float], command: str) -> str:
-    """report.md: the table under T = 1 sampling and under greedy decoding, and the target check."""
+                    load: Sequence[float], command: str,
+                    couplings: Mapping[str, Sequence[Mapping[str, float | None]]] | None = None) -> str:
+    """report.md: the tables under T = 1 sampling and greedy decoding, the coupling table, the target check."""
     lines = [
         "# precisecoder demo",
         "",
@@ -139,9 +159,17 @@ def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
         "",
         summary_table(greedy),
         "",
-        "## The paper's claim at micro scale (T = 1, means over seeds)",
-        "",
     ]
+    if couplings:
+        lines += ["## Does over-editing help to pass? (T = 1, held-out buggy tasks, mean over seeds)", "",
+                  "| method | answers editing ≥ 2 lines | pass % of those | pass % of answers editing ≤ 1 line |",
+                  "|---|---|---|---|"]
+        for name, rows in couplings.items():
+            cells = [mean_std([r[k] for r in rows])[0] for k in ("overedit_share", "pass_overedit", "pass_tight")]
+            lines.append(f"| {NAMES.get(name, name)} | " + " | ".join("–" if c is None else f"{c:.1f} %"
+                                                                          for c in cells) + " |")
+        lines.append("")
+    lines += ["## The paper's claim at micro scale (T = 1, means over seeds)", ""]
     checks = target_check(methods)
     if not checks:
         lines.append("Not checked: the run lacks GRPO or PreciseCoder, or one of them gave no valid answer.")

@@ -182,15 +182,15 @@ def restore_policy(run_cfg: Any, run_dir: Path):
 
 
 def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any], fleet: Any, out: Path,
-                    progress: bool) -> dict[str, dict[str, Any]]:
-    """`jaxrl.eval.evaluate` of one policy on held-out buggy + clean tasks, per decoding: summaries."""
+                    progress: bool) -> dict[str, Any]:
+    """`jaxrl.eval.evaluate` of one policy on held-out buggy + clean tasks: each decoding's result."""
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.eval.evaluate import evaluate
     from jaxrl.eval.protocol import EvalSettings
     from jaxrl.rollout import make_engine
 
     tok = load_demo_tokenizer()
-    summaries = {}
+    results = {}
     with make_engine("jax", model=model, tokenizer=tok) as engine:
         for name, temperature in DECODINGS.items():
             settings = EvalSettings(prompt=prompt.PROMPT, samples=1, temperature=temperature,
@@ -199,8 +199,8 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
             result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.parent.name},
                               task_set="demo held-out", out_dir=out / name, batch_size=len(tasks),
                               progress=progress)
-            summaries[name] = result.summary
-    return summaries
+            results[name] = result
+    return results
 
 
 def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool = True,
@@ -211,7 +211,8 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     resumes from its last checkpoint), evaluations (resumed from their predictions).
 
     Returns:
-        `{"rows": {method: {decoding: results row}}, "curves": {method: [...]}, "timing": {...}}`.
+        `{"rows": {method: {decoding: results row}}, "curves": {method: [...]}, "timing": {...},
+        "coupling": {method: rep.coupling(...)}, "sft": {...}}`.
     """
     from flax import nnx  # noqa: F401  (JAX starts here, not at import)
 
@@ -242,8 +243,9 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     curves: dict[str, list[dict[str, float]]] = {}
     t = time.perf_counter()
     base = models.from_pretrained(base_dir)
-    summaries = evaluate_policy(base, cfg, seed, held_out, fleet, out / "eval" / "base", progress)
-    rows["base"] = {k: rep.row_of(s, seed) for k, s in summaries.items()}
+    evals = evaluate_policy(base, cfg, seed, held_out, fleet, out / "eval" / "base", progress)
+    rows["base"] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
+    couplings = {"base": rep.coupling(evals["sampled"].scores)}
     timing["eval_base_s"] = time.perf_counter() - t
     log(f"[seed {seed}] base: {_brief(rows['base'])}")
 
@@ -261,13 +263,14 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
         policy, step = restore_policy(run_cfg, run_dir)
-        summaries = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress)
-        rows[method] = {k: rep.row_of(s, seed) for k, s in summaries.items()}
+        evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress)
+        rows[method] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
+        couplings[method] = rep.coupling(evals["sampled"].scores)
         timing[f"eval_{method}_s"] = time.perf_counter() - t
         log(f"[seed {seed}] {method} (step {step}): {_brief(rows[method])}")
     timing["total_s"] = time.perf_counter() - start
-    return {"rows": rows, "curves": curves, "timing": timing, "sft": {k: v for k, v in sft_record.items()
-                                                                       if k != "losses"}}
+    return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings,
+            "sft": {k: v for k, v in sft_record.items() if k != "losses"}}
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
@@ -305,13 +308,15 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     names = ("base", *cfg.methods)
     methods = {m: [s["rows"][m]["sampled"] for s in per_seed] for m in names}
     greedy = {m: [s["rows"][m]["greedy"] for s in per_seed] for m in names}
-    extra = {"greedy": greedy, "timing": [s["timing"] for s in per_seed], "seconds": seconds,
+    couplings = {m: [s["coupling"][m] for s in per_seed] for m in names}
+    extra = {"greedy": greedy, "coupling": couplings, "sft": [s["sft"] for s in per_seed],
+             "timing": [s["timing"] for s in per_seed], "seconds": seconds,
              "load_average_at_start": load, "config": _plain(cfg), "command": command}
     rep.write_results(out / "results.json", methods, extra)
     curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in cfg.methods}
     rep.plot_curves(out / "curves.png", curves, CURVE_KEYS)
-    (out / "report.md").write_text(rep.report_markdown(methods, greedy, cfg.seeds, seconds, load, command),
-                                   encoding="utf-8")
+    (out / "report.md").write_text(rep.report_markdown(methods, greedy, cfg.seeds, seconds, load, command,
+                                                       couplings), encoding="utf-8")
     return {"methods": methods, **extra}
 
 
