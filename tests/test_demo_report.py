@@ -41,7 +41,7 @@ def test_table_and_report_markdown():
     methods = {"base": [_row(0, 50.0, 30.0, 2.0), _row(1, 52.0, 32.0, 2.2)]}
     table = rep.summary_table(methods)
     assert "| SFT base | 51.0 ± 1.0 | 31.0 ± 1.0 | 51.0 ± 1.0 | 2.10 ± 0.10 | 50.0 ± 0.0 | 10.0 ± 0.0 |" in table
-    md = rep.report_markdown(methods, methods, 2, 120.0, (1.5, 1.0, 1.0), "precisecoder demo --seeds 2")
+    md = rep.report_markdown(methods, methods, 2, 120.0, (1.5, 1.0, 1.0), "precisecoder demo --seeds 2", 200.0)
     assert "`precisecoder demo --seeds 2`" in md and "Greedy decoding" in md and "Not checked" in md
 
 def test_curves_png(tmp_path):

@@ -139,14 +139,14 @@ def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[s
 
 def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
                     greedy: Mapping[str, Sequence[Mapping[str, Any]]], seeds: int, seconds: float,
-                    load: Sequence[float], command: str,
+                    load: Sequence[float], command: str, cpu_seconds: float,
                     couplings: Mapping[str, Sequence[Mapping[str, float | None]]] | None = None) -> str:
     """report.md: the tables under T = 1 sampling and greedy decoding, the coupling table, the target check."""
     lines = [
         "# precisecoder demo",
         "",
-        f"Command: `{command}`. {seeds} seed(s), {seconds / 60:.1f} min wall clock "
-        f"(load average at start {load[0]:.1f}).",
+        f"Command: `{command}`. {seeds} seed(s), {seconds / 60:.1f} min wall clock, "
+        f"{cpu_seconds / 60:.1f} min of CPU time (load average at start {load[0]:.1f}).",
         "",
         "Held-out buggy tasks: pass, precision, recall, edited lines (mean over valid answers). "
         "Held-out clean tasks (GT Debug): no-op and damage. Mean ± std over seeds; one sample per task.",

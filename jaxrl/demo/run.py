@@ -305,19 +305,36 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
         for seed in range(cfg.seeds):
             per_seed.append(run_seed(cfg, seed, out / f"seed{seed}", fleet, progress, log))
     seconds = time.perf_counter() - start
+    end_load = os.getloadavg()
     names = ("base", *cfg.methods)
     methods = {m: [s["rows"][m]["sampled"] for s in per_seed] for m in names}
     greedy = {m: [s["rows"][m]["greedy"] for s in per_seed] for m in names}
     couplings = {m: [s["coupling"][m] for s in per_seed] for m in names}
     extra = {"greedy": greedy, "coupling": couplings, "sft": [s["sft"] for s in per_seed],
-             "timing": [s["timing"] for s in per_seed], "seconds": seconds,
-             "load_average_at_start": load, "config": _plain(cfg), "command": command}
+             "timing": [s["timing"] for s in per_seed], "seconds": seconds, "cpu_seconds": _cpu_seconds(),
+             "load_average_at_start": load, "load_average_at_end": end_load, "config": _plain(cfg),
+             "command": command}
     rep.write_results(out / "results.json", methods, extra)
     curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in cfg.methods}
     rep.plot_curves(out / "curves.png", curves, CURVE_KEYS)
     (out / "report.md").write_text(rep.report_markdown(methods, greedy, cfg.seeds, seconds, load, command,
-                                                       couplings), encoding="utf-8")
+                                                       extra["cpu_seconds"], couplings), encoding="utf-8")
     return {"methods": methods, **extra}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its reaped children (the sandbox workers).
+
+    Unlike wall-clock time this does not grow with the machine's load, so it tells
+    how long the run takes on an idle machine: about cpu_seconds / cores at best.
+    """
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def _plain(cfg: Any) -> Any:
