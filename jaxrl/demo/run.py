@@ -62,7 +62,7 @@ class DemoConfig:
     layers: int = 2
     heads: int = 4
     sft: SFTConfig = SFTConfig()
-    rl_steps: int = 40
+    rl_steps: int = 50
     tasks_per_step: int = 8
     group_size: int = 6
     learning_rate: float = 1e-4
