@@ -105,10 +105,11 @@ def write_results(path: str | os.PathLike, methods: Mapping[str, Sequence[Mappin
 
 
 def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[str, float]]],
-                keys: Sequence[tuple[str, str]]) -> None:
+                keys: Sequence[tuple[str, str]], smooth: int = 5) -> None:
     """One panel per (metric key, title); one line per method, averaged over seeds at each step.
 
-    `curves[method]` is a list of `{"seed", "step", key: value, ...}` records.
+    `curves[method]` is a list of `{"seed", "step", key: value, ...}` records. A step's
+    rollouts are few (N × G), so each line is the running mean of the last `smooth` steps.
     """
     import matplotlib
 
@@ -124,9 +125,12 @@ def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[s
                 if value is not None and math.isfinite(value):
                     by_step.setdefault(int(r["step"]), []).append(value)
             steps = sorted(by_step)
+            means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+            running = [sum(means[max(0, i - smooth + 1):i + 1]) / len(means[max(0, i - smooth + 1):i + 1])
+                       for i in range(len(means))]
             if steps:
-                ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=NAMES.get(method, method))
-        ax.set_title(title)
+                ax.plot(steps, running, label=NAMES.get(method, method))
+        ax.set_title(f"{title}, {smooth}-step mean" if smooth > 1 else title, fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
