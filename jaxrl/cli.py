@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
+    "generate": ("jaxrl.generate_cli", "sample completions for JSONL prompts with the jax, sglang or openai engine"),
 }
 
 

@@ -289,7 +289,8 @@ class FakeOpenAI(FakeServer):
             if n_req <= self.rate_limited:
                 return 429, {"error": {"message": "Rate limit reached", "type": "requests"}}, {"Retry-After": "0"}
             if body.get("model") == "missing":
-                return 404, {"error": {"message": "The model `missing` does not exist", "type": "invalid_request_error"}}
+                return 404, {"error": {"message": "The model `missing` does not exist",
+                                       "type": "invalid_request_error"}}
             time.sleep(self.delay)
             n, m = body.get("n", 1), body["max_tokens"]
             if path == "/v1/completions":

@@ -114,7 +114,6 @@ def test_unreachable_servers_at_start(servers):
 
 
 def test_update_weights_writes_safetensors_and_loads_them_everywhere(servers, tmp_path):
-    import jax.numpy as jnp  # noqa: F401 - the nnx model below needs JAX
     from flax import nnx
 
     from models.qwen3 import Qwen3, Qwen3Config

@@ -135,5 +135,6 @@ def make_engine(name: str, **kwargs: Any) -> Engine:
     if name not in ENGINES and name in BUILTIN_ENGINES:
         importlib.import_module(BUILTIN_ENGINES[name])
     if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(sorted(set(ENGINES) | set(BUILTIN_ENGINES)))}")
+        known = ", ".join(sorted(set(ENGINES) | set(BUILTIN_ENGINES)))
+        raise ValueError(f"unknown engine {name!r}; choose from {known}")
     return ENGINES[name](**kwargs)

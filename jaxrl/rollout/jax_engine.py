@@ -34,7 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -94,7 +94,7 @@ class Rows:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Rules:
+class StepConsts:
     """Per-call constants of the step (traced, so new values do not recompile)."""
 
     stop_ids: Array  # [E] int32, padded with -1
@@ -154,14 +154,14 @@ def _compact(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, idx: Array, v
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "sampling"), donate_argnames=("rows",))
-def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, rules: Rules, *, steps: int,
+def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, consts: StepConsts, *, steps: int,
              sampling: decode.SamplingParams) -> tuple[Rows, Array, Array, Array, Array]:
     """Up to `steps` decoding steps; returns the rows, tokens / log-probs / forced flags `[B, steps]`, steps run."""
     b = rows.logits.shape[0]
     out_tok = jnp.zeros((b, steps), jnp.int32)
     out_logp = jnp.zeros((b, steps), jnp.float32)
     out_forced = jnp.zeros((b, steps), bool)
-    n_close = rules.close_ids.shape[0]
+    n_close = consts.close_ids.shape[0]
 
     def pick(logits_V, key_data, count):
         key = jax.random.fold_in(jax.random.wrap_key_data(key_data), count)
@@ -177,7 +177,7 @@ def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, rules: Rules,
         ids, logp = jax.vmap(pick)(r.logits, r.keys, r.count)
         forcing = r.force_pos >= 0
         if n_close:
-            ids = jnp.where(forcing, rules.close_ids[jnp.clip(r.force_pos, 0, n_close - 1)], ids)
+            ids = jnp.where(forcing, consts.close_ids[jnp.clip(r.force_pos, 0, n_close - 1)], ids)
         live = ~r.done
         ids = jnp.where(live, ids, 0).astype(jnp.int32)
         logp = jnp.where(live & ~forcing, logp, 0.0)
@@ -189,19 +189,19 @@ def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, rules: Rules,
         # The think block: a sampled <think> opens it, a sampled </think> or the end of
         # the forced close ends it; sampled tokens inside count against the budget.
         sampled = live & ~forcing
-        opens = sampled & (ids == rules.think_open) & ~r.in_think
+        opens = sampled & (ids == consts.think_open) & ~r.in_think
         force_pos = jnp.where(forcing, r.force_pos + 1, r.force_pos)
         force_ended = forcing & (force_pos >= n_close)
         force_pos = jnp.where(force_ended, -1, force_pos)
-        closes = (sampled & (ids == rules.think_close)) | force_ended
+        closes = (sampled & (ids == consts.think_close)) | force_ended
         in_think = (r.in_think | opens) & ~closes
         counted = sampled & r.in_think & ~closes
         think_count = jnp.where(opens, 0, r.think_count + counted.astype(jnp.int32))
-        start = live & in_think & (think_count >= rules.budget) & (force_pos < 0) & (n_close > 0)
+        start = live & in_think & (think_count >= consts.budget) & (force_pos < 0) & (n_close > 0)
         force_pos = jnp.where(start, 0, force_pos).astype(jnp.int32)
 
-        stopped = sampled & jnp.isin(ids, rules.stop_ids)
-        done = r.done | stopped | (count >= rules.limit)
+        stopped = sampled & jnp.isin(ids, consts.stop_ids)
+        done = r.done | stopped | (count >= consts.limit)
         model = nnx.merge(graphdef, state)
         h, cache = model(ids[:, None], cache=r.cache, return_hidden=True)
         logits = model.logits(h)[:, 0].astype(jnp.float32)
@@ -289,16 +289,16 @@ class JaxEngine(Engine):
 
     # ------------------------------------------------------------------ host loop
 
-    def _rules(self, params: SamplingParams) -> Rules:
+    def _consts(self, params: SamplingParams) -> StepConsts:
         t = self.tokens
         stops = tuple(dict.fromkeys(t.stop_ids + tuple(params.stop_token_ids)))
         width = -(-max(len(stops), 1) // 8) * 8  # a few fixed widths, so new stop lists rarely recompile
         budget = NO_BUDGET if params.thinking_budget is None or t.think_open is None else params.thinking_budget
-        return Rules(stop_ids=jnp.asarray(stops + (-1,) * (width - len(stops)), jnp.int32),
-                     close_ids=jnp.asarray(t.close_think, jnp.int32),
-                     think_open=jnp.asarray(-1 if t.think_open is None else t.think_open, jnp.int32),
-                     think_close=jnp.asarray(-1 if t.think_close is None else t.think_close, jnp.int32),
-                     budget=jnp.asarray(budget, jnp.int32), limit=jnp.asarray(params.max_tokens, jnp.int32))
+        return StepConsts(stop_ids=jnp.asarray(stops + (-1,) * (width - len(stops)), jnp.int32),
+                          close_ids=jnp.asarray(t.close_think, jnp.int32),
+                          think_open=jnp.asarray(-1 if t.think_open is None else t.think_open, jnp.int32),
+                          think_close=jnp.asarray(-1 if t.think_close is None else t.think_close, jnp.int32),
+                          budget=jnp.asarray(budget, jnp.int32), limit=jnp.asarray(params.max_tokens, jnp.int32))
 
     def _opens(self, prompt: Sequence[int]) -> bool:
         if self.prompt_opens_think is not None:
@@ -323,7 +323,7 @@ class JaxEngine(Engine):
                         ) -> list[list[Completion]]:
         n = params.n
         sampling = decode.SamplingParams(params.temperature, params.top_p, params.top_k)
-        rules = self._rules(params)
+        consts = self._consts(params)
         opened = [self._opens(p) for p in prompts]
         length = bucket_length(max(map(len, prompts)))
         max_len = length + -(-params.max_tokens // self.segment) * self.segment
@@ -351,11 +351,11 @@ class JaxEngine(Engine):
         with self._mesh_context():
             rows = _begin(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask),
                           jnp.asarray(prompt_of_row, jnp.int32), jnp.asarray(keys), jnp.asarray(valid),
-                          jnp.asarray(in_think), rules.budget, max_len=max_len)
+                          jnp.asarray(in_think), consts.budget, max_len=max_len)
             out: dict[tuple[int, int], tuple[list, list, list]] = {m: ([], [], []) for m in meta if m}
             counts = np.zeros(n_rows, np.int64)
             while True:
-                rows, tok, logp, forced, _ = _segment(self.graphdef, self.state, rows, rules, steps=self.segment,
+                rows, tok, logp, forced, _ = _segment(self.graphdef, self.state, rows, consts, steps=self.segment,
                                                       sampling=sampling)
                 new_counts = np.asarray(rows.count)
                 tok, logp, forced = np.asarray(tok), np.asarray(logp), np.asarray(forced)
@@ -377,7 +377,7 @@ class JaxEngine(Engine):
                     new_counts = new_counts[idx]
                 counts = new_counts
 
-        stops = set(int(x) for x in np.asarray(rules.stop_ids) if x >= 0)
+        stops = set(int(x) for x in np.asarray(consts.stop_ids) if x >= 0)
         decode_text = None if self.tokenizer is None else self.tokenizer.decode
         results = []
         for p in range(len(prompts)):

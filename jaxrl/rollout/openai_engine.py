@@ -2,9 +2,10 @@
 
 - `generate(prompts, params)` uses raw completions (`POST {base_url}/completions`) with the
   prompt as token ids, so a rendered chat prompt, or one that prefills a think block, is
-  sent exactly. With a tokenizer, the thinking budget is enforced as the other engines
-  do: the first request stops at the budget, and a sample still inside its think block
-  gets `\\n</think>\\n\\n` appended (as text) and is continued by a second request.
+  sent exactly. With a tokenizer, the thinking budget is enforced for prompts that open
+  the think block: the first request stops at the budget, and a sample still inside it
+  gets `\\n</think>\\n\\n` appended (as text) and is continued by a second request (a
+  block the model opens itself, as Qwen3 does, is not budgeted here).
 - `chat(conversations, params)` uses chat completions (`POST {base_url}/chat/completions`);
   the server renders the template. A `reasoning_content` field (vLLM's and SGLang's
   reasoning parsers) becomes the thinking.

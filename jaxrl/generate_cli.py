@@ -1,0 +1,255 @@
+"""Sample completions for a JSONL file of prompts with any rollout engine.
+
+A prompt line is {"id": ..., "messages": [...]} (rendered with the model's chat template,
+thinking on) or {"id": ..., "input_ids": [...]}. Each sample becomes one output line:
+{"id", "sample", "token_ids", "logprobs", "finish_reason", "text"}. Lines are written as
+each batch of prompts finishes, so an interrupted run keeps what it has done.
+
+Engines: `jax` (default; the model from --model, an HF safetensors directory, or
+--checkpoint, a trainer run directory), `sglang` (--url, repeatable) and `openai`
+(--base-url and --served-model; the API key comes from $OPENAI_API_KEY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from jaxrl.rollout import Engine, SamplingParams, make_engine
+
+
+class GenerateError(Exception):
+    """Bad input or arguments: one line for the user, exit code 2."""
+
+
+def _budget(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or none, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
+    source.add_argument("--checkpoint", help="trainer run directory (config.yaml + checkpoints/): its latest "
+                                             "checkpoint's policy (jax engine)")
+    parser.add_argument("--prompts", required=True, help="JSONL of {id, messages} or {id, input_ids}")
+    parser.add_argument("--out", required=True, help="write one JSON line per sample here")
+    parser.add_argument("--engine", choices=("jax", "sglang", "openai"), default="jax")
+    defaults = SamplingParams()
+    parser.add_argument("--n", type=int, default=defaults.n, help="samples per prompt (default: 1)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy (default: 1)")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p, help="nucleus mass (default: 1, all)")
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="keep the k likeliest (default: 0, all)")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
+                        help=f"completion tokens, thinking included (default: {defaults.max_tokens})")
+    parser.add_argument("--thinking-budget", type=_budget, default=defaults.thinking_budget,
+                        help="close an open think block after B tokens, or `none` "
+                             f"(default: {defaults.thinking_budget})")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (default: 0)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype of the jax engine (default: float32)")
+    parser.add_argument("--url", action="append", default=[], help="an SGLang server (repeat for several)")
+    parser.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--served-model", help="model name for the openai engine")
+    parser.add_argument("--tokenizer", choices=("qwen3", "qwen3_5"),
+                        help="tokenizer family for the server engines (default: from --model, else qwen3_5)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per engine call (default: 16)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def _family_of(directory: Path) -> str:
+    from models.tokenizer import family_for_model_type
+
+    try:
+        model_type = json.loads((directory / "config.json").read_text(encoding="utf-8"))["model_type"]
+        return family_for_model_type(model_type)
+    except (OSError, ValueError, KeyError) as e:
+        raise GenerateError(f"{directory}: cannot read the model type from config.json ({e})") from None
+
+
+def read_prompts(path: str, tokenizer: Any) -> list[tuple[Any, list[int]]]:
+    """(id, prompt token ids) per line; a bad line is a GenerateError naming it."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GenerateError(f"--prompts {path}: {e}") from None
+    prompts = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise GenerateError(f"{where}: not JSON ({e})") from None
+        if not isinstance(obj, dict) or "id" not in obj:
+            raise GenerateError(f"{where}: a prompt is an object with an `id`")
+        if ("messages" in obj) == ("input_ids" in obj):
+            raise GenerateError(f"{where}: give exactly one of `messages` and `input_ids`")
+        if "input_ids" in obj:
+            ids = obj["input_ids"]
+            if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                           for t in ids)):
+                raise GenerateError(f"{where}: `input_ids` must be a non-empty list of non-negative integers")
+        else:
+            messages = obj["messages"]
+            if not (isinstance(messages, list) and messages and all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in messages)):
+                raise GenerateError(f"{where}: `messages` must be a non-empty list of {{role, content}} strings")
+            try:
+                ids = tokenizer.encode(tokenizer.render_chat(messages))
+            except ValueError as e:
+                raise GenerateError(f"{where}: {e}") from None
+        if max(ids) >= tokenizer.vocab_size:
+            raise GenerateError(f"{where}: token id {max(ids)} is outside the vocabulary ({tokenizer.vocab_size})")
+        prompts.append((obj["id"], ids))
+    if not prompts:
+        raise GenerateError(f"--prompts {path}: no prompts")
+    return prompts
+
+
+def model_from_run(directory: str | Path, dtype: Any) -> Any:
+    """The policy of a trainer run directory: its config.yaml's model, with the latest checkpoint's parameters."""
+    import jax
+    import orbax.checkpoint as ocp
+    import yaml
+    from flax import nnx
+
+    import models
+    from models.checkpoint import load_config, model_class
+
+    run = Path(directory)
+    try:
+        spec = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise GenerateError(f"--checkpoint {run}: no trainer config.yaml with a `model` section ({e})") from None
+    if spec.get("checkpoint"):
+        model = models.from_pretrained(spec["checkpoint"], dtype=dtype)
+    elif spec.get("architecture"):
+        arch = {"model_type": spec.get("family", "qwen3"), **spec["architecture"]}
+        cfg = load_config(arch)
+        model = model_class(cfg)(cfg, dtype=dtype, rngs=nnx.Rngs(0))
+    else:
+        raise GenerateError(f"--checkpoint {run}: config.yaml names neither model.checkpoint nor model.architecture")
+    steps_dir = run / "checkpoints"
+    manager = ocp.CheckpointManager(steps_dir.resolve(), item_names=("state", "extra"))
+    step = manager.latest_step()
+    if step is None:
+        raise GenerateError(f"--checkpoint {run}: no finished checkpoint in {steps_dir}")
+    saved = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["train"]
+
+    def names(path) -> tuple[str, ...]:
+        out = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        return out[:-1] if out and out[-1] == "value" else out
+
+    flat = {names(p): v for p, v in jax.tree_util.tree_flatten_with_path(saved["params"])[0]}
+    params = nnx.state(model, nnx.Param)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    missing = [".".join(names(p)) for p, _ in leaves if names(p) not in flat]
+    if missing:
+        raise GenerateError(f"--checkpoint {run}: step {step} lacks parameters {missing[:5]}")
+    values = [jax.numpy.asarray(flat[names(p)], leaf.dtype) for p, leaf in leaves]
+    nnx.update(model, jax.tree_util.tree_unflatten(treedef, values))
+    return model
+
+
+def tokenizer_for(args: argparse.Namespace) -> Any:
+    """The tokenizer of the model the arguments name (cheap: reads a config, loads no weights)."""
+    from models.tokenizer import family_for_model_type, load_tokenizer
+
+    if args.model:
+        directory = Path(args.model)
+        if not directory.is_dir():
+            raise GenerateError(f"--model {args.model}: not a directory")
+        return load_tokenizer(_family_of(directory))
+    if args.checkpoint:
+        import yaml
+
+        try:
+            spec = yaml.safe_load((Path(args.checkpoint) / "config.yaml").read_text(encoding="utf-8"))["model"]
+            checkpoint, family = spec.get("checkpoint"), spec.get("family", "qwen3")
+        except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+            raise GenerateError(f"--checkpoint {args.checkpoint}: no trainer config.yaml with a `model` "
+                                f"section ({e})") from None
+        return load_tokenizer(_family_of(Path(checkpoint)) if checkpoint else family_for_model_type(family))
+    return load_tokenizer(args.tokenizer or "qwen3_5")
+
+
+def open_engine(args: argparse.Namespace, tokenizer: Any) -> Engine:
+    """The engine the arguments ask for."""
+    if args.engine == "jax":
+        import jax.numpy as jnp
+
+        import models
+
+        dtype = jnp.dtype(args.dtype)
+        model = models.from_pretrained(args.model, dtype=dtype) if args.model else model_from_run(args.checkpoint,
+                                                                                                   dtype)
+        return make_engine("jax", model=model, tokenizer=tokenizer)
+    if args.engine == "sglang":
+        return make_engine("sglang", urls=args.url, tokenizer=tokenizer)
+    return make_engine("openai", base_url=args.base_url, model=args.served_model, tokenizer=tokenizer)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_tokens=args.max_tokens, thinking_budget=args.thinking_budget, seed=args.seed)
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.engine != "jax" and args.checkpoint:
+            raise GenerateError(f"--checkpoint serves the jax engine only, not {args.engine}")
+        if args.engine == "jax" and not (args.model or args.checkpoint):
+            raise GenerateError("the jax engine needs --model or --checkpoint")
+        if args.engine == "sglang" and not args.url:
+            raise GenerateError("the sglang engine needs --url (one per server)")
+        if args.engine == "openai" and not (args.base_url and args.served_model):
+            raise GenerateError("the openai engine needs --base-url and --served-model")
+        if not Path(args.prompts).is_file():
+            raise GenerateError(f"--prompts {args.prompts}: no such file")
+        tokenizer = tokenizer_for(args)
+        prompts = read_prompts(args.prompts, tokenizer)
+        engine = open_engine(args, tokenizer)
+    except (GenerateError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(prompts) * params.n, desc="generate", unit="sample", dynamic_ncols=True)
+    try:
+        with engine, open(args.out, "w", encoding="utf-8") as out:
+            for start in range(0, len(prompts), args.batch_size):
+                batch = prompts[start:start + args.batch_size]
+                # a seed per batch, so batches draw different streams and a run is reproducible
+                batch_params = dataclasses.replace(params, seed=params.seed * 1_000_003 + start)
+                groups = engine.generate([ids for _, ids in batch], batch_params)
+                for (pid, _), group in zip(batch, groups):
+                    for j, c in enumerate(group):
+                        out.write(json.dumps({"id": pid, "sample": j, "token_ids": list(c.token_ids),
+                                              "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
+                                              "text": c.text}, ensure_ascii=False) + "\n")
+                out.flush()
+                if progress is not None:
+                    progress.update(len(batch) * params.n)
+    finally:
+        if progress is not None:
+            progress.close()
+    print(f"wrote {len(prompts) * params.n} samples of {len(prompts)} prompts to {args.out}", file=sys.stderr)
+    return 0
