@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl import hosts
@@ -61,7 +62,10 @@ class Checkpointer:
         step = int(state.step)
         if step in self._manager.all_steps():
             raise ValueError(f"step {step} is already saved")
-        tree = {"train": state, "rng": jax.random.key_data(rng_key)}
+        key = np.asarray(jax.random.key_data(rng_key))
+        # Every host holds the same key; as a global replicated array, Orbax can save it on a pod.
+        key = jax.make_array_from_callback(key.shape, state.step.sharding, lambda index: key[index])
+        tree = {"train": state, "rng": key}
         extra = {**(extra or {}), "hosts": hosts.gather_json(host_extra)}
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(tree), extra=ocp.args.JsonSave(extra)), force=True)
@@ -94,7 +98,8 @@ class Checkpointer:
             raise ValueError(f"checkpoint {step} was written by {len(per_host)} hosts; this run has "
                              f"{jax.process_count()}")
         extra["host"] = per_host[jax.process_index()]
-        return out.state["train"], jax.random.wrap_key_data(out.state["rng"]), extra
+        key = jax.random.wrap_key_data(jax.numpy.asarray(np.asarray(out.state["rng"])))  # host-local again
+        return out.state["train"], key, extra
 
     def latest_step(self) -> int | None:
         """The newest finalized step, or None."""

@@ -57,7 +57,10 @@ class ModelConfig:
         dtype: compute dtype.
         param_dtype: parameter (and optimizer state) dtype.
         remat: recompute each layer's activations in the backward pass.
-        attention: the attention implementation ("xla": the einsum-softmax path of `models.layers`).
+        attention: the attention kernel of cache-free calls (training, scoring): "xla" (the
+            einsum-softmax path of `models.layers`, any platform), "splash" (Pallas splash
+            attention, TPU) or "cudnn" (`jax.nn.dot_product_attention` with cuDNN, NVIDIA GPU);
+            see `models.fused_attention`. Decoding with a KV cache always uses "xla".
     """
 
     family: Literal["qwen3", "qwen3_5"] = "qwen3"
@@ -67,7 +70,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = True
-    attention: Literal["xla"] = "xla"
+    attention: Literal["xla", "splash", "cudnn"] = "xla"
 
     def __post_init__(self):
         if (self.checkpoint is None) == (self.architecture is None):
@@ -182,7 +185,7 @@ class RewardConfig:
         workers: sandbox workers of this host's fleet (None: the host's CPU count).
         timeout_s: wall-clock limit of one test run (a task's own timeout wins).
         isolation: "auto" (bubblewrap, else rlimits with a warning), "bwrap" or "rlimits".
-        threads: concurrent scorer calls in the reward pipeline (None: `workers`).
+        threads: concurrent scorer calls in the reward pipeline (None: the workers).
     """
 
     lam: float = 1 / 3
@@ -252,6 +255,42 @@ class MeshConfig:
             bad = set(axes) - {"data", "fsdp", "tensor"}
             if bad:
                 raise ValueError(f"mesh.rules.{name} names unknown mesh axes {sorted(bad)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareConfig:
+    """The machine a preset is sized for; `precisecoder plan` checks the preset fits it.
+
+    Attributes:
+        platform: "tpu" or "gpu".
+        accelerator: the chip, as a name for people ("TPU v5p", "NVIDIA H200").
+        topology: a TPU slice's topology for ahead-of-time compilation (`v5p:2x2x4`,
+            `v5e:4x4`; `jax.experimental.topologies`); None on GPUs.
+        chips: accelerators the trainer's mesh spans (on a GPU node: the training GPUs).
+        hosts: hosts of the slice or node (each runs the same command).
+        hbm_gib: memory per chip in GiB.
+        peak_tflops: dense bfloat16 peak per chip, for MFU.
+        prompt_tokens: the longest prompt the plan budgets for; rows are prompt + max_tokens.
+        rollout_gpus: GPUs of the node that serve SGLang instead of training (GPU presets).
+    """
+
+    platform: Literal["tpu", "gpu"] = "tpu"
+    accelerator: str = "TPU v5p"
+    topology: str | None = None
+    chips: int = 1
+    hosts: int = 1
+    hbm_gib: float = 95.0
+    peak_tflops: float = 459.0
+    prompt_tokens: int = 1024
+    rollout_gpus: int = 0
+
+    def __post_init__(self):
+        if self.chips < 1 or self.hosts < 1 or self.prompt_tokens < 1 or self.rollout_gpus < 0:
+            raise ValueError("hardware.chips, hosts and prompt_tokens must be >= 1, rollout_gpus >= 0")
+        if self.hbm_gib <= 0 or self.peak_tflops <= 0:
+            raise ValueError("hardware.hbm_gib and peak_tflops must be positive")
+        if self.platform == "tpu" and self.topology is None:
+            raise ValueError("hardware.topology is required on TPU (e.g. v5p:2x2x4)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +382,7 @@ class Config:
     mesh: MeshConfig = MeshConfig()
     validation: ValidationConfig = ValidationConfig()
     run: RunConfig = RunConfig()
+    hardware: HardwareConfig | None = None
 
     def __post_init__(self):
         if self.loss.temperature != self.rollout.temperature and self.rollout.temperature > 0:

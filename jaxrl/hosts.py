@@ -22,7 +22,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if coordinator is None and num_processes is None:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    # Hosts reach the end at different times (the primary also writes metrics and plots):
+    # a generous shutdown barrier keeps a slow primary from being killed as a straggler.
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                               shutdown_timeout_seconds=1800)
 
 
 def gather_rows(x: np.ndarray) -> np.ndarray:

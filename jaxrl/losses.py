@@ -62,6 +62,7 @@ def chunked_logprobs(
         (logp_BxT, entropy_BxT), both 0 at position 0.
     """
     b, t, h = hidden_BxTxH.shape
+    chunk_size = min(chunk_size, t)  # never pad a short sequence up to a long chunk
     n_chunks = -(-t // chunk_size)
     pad = n_chunks * chunk_size - t
     targets_BxT = jnp.roll(tokens_BxT, -1, axis=1)

@@ -168,7 +168,8 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, t
                 ax.plot(*zip(*pts), style, label=label, markersize=3)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()

@@ -1,10 +1,16 @@
 """The reward stage: a Grain pipeline of scorer calls on the fleet, and the per-algorithm terms.
 
-`RewardPipeline.score(pairs)` is a Grain `MapDataset` over (task, prediction)
-pairs whose map is `reward.score.score_predictions` on one pair, run by a pool
-of threads that share one `Fleet`: the sandbox workers are started once and
-persist across steps (no process start-up per step), and the fleet's content
-cache serves repeated programs. Results come back in pair order.
+`RewardPipeline(pairs)` is a Grain `MapDataset` over (task, prediction) pairs,
+cut into one chunk per thread, whose map is `reward.score.score_predictions` on a
+chunk, run by a pool of Grain threads that share one `Fleet`: the sandbox workers are started once and persist
+across steps (no process start-up per step), and the fleet's content cache serves
+repeated programs. Results come back in pair order.
+
+The threads do not call `Fleet.run` themselves: their job batches go to one
+dispatcher thread, which sends whatever has arrived meanwhile as one `Fleet.run`
+call and hands each thread its own results. So every worker stays busy (a scorer
+phase is often a single job), identical programs of different rollouts run once,
+and the pipeline is correct whether or not the fleet's `run` is thread-safe.
 
 `terms(algorithm, score, task)` turns one rollout's score into its reward terms
 (the K of `rewards_NxGxK`) and `term_weights(algorithm, lam)` gives the weights
@@ -13,12 +19,18 @@ the estimator `ESTIMATOR[algorithm]` combines them with.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grain
 
+from jaxrl.rollout import Completion
+
 from reward.fleet import Fleet
-from reward.sandbox import Limits
+from reward.sandbox import Job, Limits, RunResult
 from reward.schema import Prediction, Task
 from reward.score import Score, baseline_terms, score_predictions
 
@@ -71,39 +83,112 @@ def term_weights(algorithm: str, lam: float) -> tuple[float, ...]:
     return (1.0,) + (0.0,) * (len(TERM_NAMES[algorithm]) - 1)
 
 
+def stop_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of the tokenizer's stop tokens (`<|im_end|>`, `<|endoftext|>`)."""
+    return tuple(tokenizer.decode([t]) for t in tokenizer.stop_ids)
+
+
+def response_text(completion: Completion, stops: Sequence[str]) -> str:
+    """The completion's text without the stop token that ended it.
+
+    Engines that decode with special tokens kept end a Qwen answer in "```<|im_end|>";
+    left there, the stop token sits on the closing fence's line, the block never closes
+    and a correct answer would be scored invalid.
+    """
+    text = completion.text
+    for stop in stops:
+        if completion.finish_reason == "stop" and stop and text.endswith(stop):
+            return text[:-len(stop)]
+    return text
+
+
 def prediction_of(task: Task, response: str, think_opened: bool) -> Prediction:
     """The prediction a completion makes (its program is extracted from `response`; `think_opened`:
     the prompt itself opened the think block, so the response must close it)."""
     return Prediction(task.task_id, response=response, think_opened=think_opened)
 
 
-class _ScoreOne:
-    def __init__(self, fleet: Fleet, lam: float, epsilon: int, limits: Limits):
-        self.fleet, self.lam, self.epsilon, self.limits = fleet, lam, epsilon, limits
+class _Dispatcher:
+    """Merges concurrent `run_batch` calls into single `Fleet.run` calls on one thread."""
 
-    def __call__(self, pair: tuple[Task, Prediction]) -> Score:
-        return score_predictions([pair], self.fleet.run, lam=self.lam, epsilon=self.epsilon, limits=self.limits,
-                                 window_batch=2 * self.fleet.num_workers)[0]
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self._requests: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="reward-dispatcher")
+        self._thread.start()
+
+    def __call__(self, jobs: Sequence[Job]) -> list[RunResult]:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._requests.put((list(jobs), done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            first = self._requests.get()
+            if first is None:
+                return
+            batch = [first]
+            while True:
+                try:
+                    nxt = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._requests.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                results = self.fleet.run([job for jobs, _ in batch for job in jobs])
+            except Exception as e:  # noqa: BLE001 - every waiting caller gets the error
+                for _, done in batch:
+                    done.set_exception(e)
+                continue
+            at = 0
+            for jobs, done in batch:
+                done.set_result(results[at:at + len(jobs)])
+                at += len(jobs)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._thread.join()
+
+
+class _ScoreChunk:
+    def __init__(self, run_batch: Callable[[Sequence[Job]], list[RunResult]], lam: float, epsilon: int,
+                 limits: Limits, window_batch: int):
+        self.run_batch, self.lam, self.epsilon, self.limits = run_batch, lam, epsilon, limits
+        self.window_batch = window_batch
+
+    def __call__(self, chunk: list[tuple[Task, Prediction]]) -> list[Score]:
+        return score_predictions(chunk, self.run_batch, lam=self.lam, epsilon=self.epsilon, limits=self.limits,
+                                 window_batch=self.window_batch)
 
 
 class RewardPipeline:
     """Scores (task, prediction) pairs through Grain on one persistent fleet.
 
     Args:
-        fleet: this host's sandbox fleet (its `run` must be thread-safe).
+        fleet: this host's sandbox fleet.
         lam, epsilon, limits: the scorer's settings.
-        threads: concurrent scorer calls (default: the fleet's worker count).
+        threads: concurrent scorer calls, each on its chunk of the pairs (default: the fleet's
+            worker count).
     """
 
     def __init__(self, fleet: Fleet, lam: float, epsilon: int, limits: Limits, threads: int | None = None):
         self.fleet = fleet
         self.threads = threads or fleet.num_workers
-        self._map = _ScoreOne(fleet, lam, epsilon, limits)
+        self._dispatcher = _Dispatcher(fleet)
+        self._map = _ScoreChunk(self._dispatcher, lam, epsilon, limits, 2 * fleet.num_workers)
 
     def __call__(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
         """Scores in pair order."""
         if not pairs:
             return []
-        ds = grain.MapDataset.source(list(pairs)).map(self._map)
-        options = grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads)
-        return list(ds.to_iter_dataset(options))
+        chunk = -(-len(pairs) // self.threads)
+        ds = grain.MapDataset.source(list(pairs)).batch(chunk, batch_fn=list).map(self._map)
+        options = grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=self.threads)
+        return [score for scores in ds.to_iter_dataset(options) for score in scores]
+
+    def close(self) -> None:
+        """Stop the dispatcher thread (the fleet is the caller's to close)."""
+        self._dispatcher.close()

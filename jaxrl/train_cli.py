@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -50,5 +51,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"precisecoder train: interrupted; continue with --resume --out {cfg.run.out}", file=sys.stderr)
         return 130
     if hosts.is_primary():
-        print(json.dumps({k: v for k, v in last.items() if not k.startswith("share/")}, sort_keys=True))
+        shown = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                 for k, v in last.items() if not k.startswith("share/")}
+        print(json.dumps(shown, sort_keys=True))
     return 0

@@ -19,6 +19,8 @@ update and the advantages see the global batch.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from jaxrl import advantages as adv
@@ -41,6 +44,7 @@ from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
 from jaxrl.config import Config, apply_override, from_dict, load_config, read_yaml, to_dict, to_yaml
 from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, SamplingParams, make_engine
+from jaxrl.rollout.engine import BUILTIN_ENGINES, ENGINES
 from jaxrl.validate import validate
 from models import sharding as msh
 from models.tokenizer import load_tokenizer
@@ -70,14 +74,27 @@ def build_model(cfg: Config, mesh: jax.sharding.Mesh, rules: tuple) -> nnx.Modul
         if not (Path(m.checkpoint).expanduser() / "config.json").is_file():
             raise TrainError(f"model.checkpoint: no config.json in {m.checkpoint}")
         return from_pretrained(Path(m.checkpoint).expanduser(), dtype, param_dtype=param_dtype, mesh=mesh,
-                               rules=rules, remat=m.remat)
+                               rules=rules, remat=m.remat, attention_impl=m.attention)
     try:
         hf = hf_config({"model_type": m.family, **m.architecture})
     except (KeyError, ValueError, TypeError, NotImplementedError) as e:
         raise TrainError(f"model.architecture: {e}") from None
     cls = model_class(hf)
     return msh.init_sharded(lambda: cls(hf, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(m.init_seed),
-                                        remat=m.remat), mesh, rules)
+                                        remat=m.remat, attention_impl=m.attention), mesh, rules)
+
+
+def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sharding.Mesh,
+                    rules: tuple) -> Engine:
+    """The configured engine: `tokenizer` and `rollout.options` for all; an in-process engine
+    (one whose constructor takes `model`) also gets the model, the mesh and the rules."""
+    name = cfg.rollout.engine
+    if name not in ENGINES and name in BUILTIN_ENGINES:
+        importlib.import_module(BUILTIN_ENGINES[name])
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer, **cfg.rollout.options}
+    if name in ENGINES and "model" in inspect.signature(ENGINES[name]).parameters:
+        kwargs |= {"model": model, "mesh": mesh, "rules": rules}
+    return make_engine(name, **kwargs)
 
 
 def _check_config_matches(saved: Path, cfg: Config) -> None:
@@ -103,8 +120,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
           tokenizer: Any = None) -> dict[str, Any]:
     """Run (or resume) the RL loop of `cfg` to `cfg.run.steps`; returns the last step's metrics.
 
-    `engine_factory(model=, tokenizer=, mesh=, rules=, **cfg.rollout.options)` replaces the
-    registry lookup of `cfg.rollout.engine` (tests pass a stand-in engine). `tokenizer`
+    `engine_factory(cfg, model, tokenizer, mesh, rules)` replaces `make_engine_for`. `tokenizer`
     replaces the Qwen tokenizer of `cfg.model.family` (`precisecoder demo` passes its own
     small vocabulary with the same interface).
     """
@@ -137,6 +153,8 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     gt_tasks = T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks)
     stream = T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)
     prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks))
+
+    stops = R.stop_texts(tokenizer)
 
     # ---- model, optimizer, train state
     model = build_model(cfg, mesh, rules)
@@ -174,6 +192,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     term_names = R.TERM_NAMES[cfg.algorithm.name]
     adv_cfg = adv.AdvantageConfig(estimator, R.term_weights(cfg.algorithm.name, cfg.reward.lam),
                                   dict(cfg.algorithm.options))
+    param_norm_fn = jax.jit(optax.tree.norm)
     advantages_fn = jax.jit(lambda r, lengths: adv.compute_advantages(adv_cfg, r, lengths))
 
     def ref_logprobs(params, tokens, seg):
@@ -203,25 +222,27 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
         if hosts.is_primary() else None
 
     def save(step_metrics: dict[str, float]) -> None:
+        """Checkpoint this step; also as the best one when `run.best_metric` improved."""
         nonlocal best
-        ckpt.save(state, rng, {"best": best, "metrics": step_metrics}, {"data": stream.get_state()})
         key = cfg.run.best_metric
         value = step_metrics.get(key) if key else None
-        if best_ckpt is not None and value is not None and math.isfinite(value):
-            better = best is None or (value > best if cfg.run.best_mode == "max" else value < best)
-            if better:
-                best = value
-                best_ckpt.save(state, rng, {"best": best, "metric": key}, {"data": stream.get_state()})
+        better = (best_ckpt is not None and value is not None and math.isfinite(value)
+                  and (best is None or (value > best if cfg.run.best_mode == "max" else value < best)))
+        if better:
+            best = value
+        ckpt.save(state, rng, {"best": best}, {"data": stream.get_state()})
+        # A kill between the two saves can leave this step in best/ already; it is the same state.
+        if better and int(state.step) not in best_ckpt.all_steps():
+            best_ckpt.save(state, rng, {"best": best, "metric": key}, {"data": stream.get_state()})
 
     # ---- engine and fleet
     def current_model() -> nnx.Module:
         return nnx.merge(graphdef, state.params, rest)
 
-    engine_kwargs = dict(model=current_model(), tokenizer=tokenizer, mesh=mesh, rules=rules, **cfg.rollout.options)
     try:
-        engine = (engine_factory or (lambda **kw: make_engine(cfg.rollout.engine, **kw)))(**engine_kwargs)
-    except ValueError as e:
-        raise TrainError(f"rollout.engine: {e}") from None
+        engine = (engine_factory or make_engine_for)(cfg, current_model(), tokenizer, mesh, rules)
+    except (ValueError, TypeError) as e:
+        raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
     fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)
     scorer = R.RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s),
                               cfg.reward.threads)
@@ -243,10 +264,14 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                                         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                                         max_tokens=cfg.rollout.max_tokens,
                                         thinking_budget=cfg.rollout.thinking_budget, seed=seed)
-                groups = engine.generate([r.prompt_ids for r in batch_tasks], params)
+                try:
+                    groups = engine.generate([r.prompt_ids for r in batch_tasks], params)
+                except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
+                    raise TrainError(f"step {step + 1}: the rollout engine failed ({type(e).__name__}: {e}); "
+                                     f"continue from the last checkpoint with --resume") from e
             with timer("reward"):
                 flat = [(r.task, c) for r, group in zip(batch_tasks, groups) for c in group]
-                pairs = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
+                pairs = [(r.task, R.prediction_of(r.task, R.response_text(c, stops), r.think_opened))
                          for r, group in zip(batch_tasks, groups) for c in group]
                 scores = scorer(pairs)
                 local_terms = np.asarray([R.terms(cfg.algorithm.name, s, t) for s, (t, _) in zip(scores, flat)],
@@ -271,8 +296,13 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
                                                                   batch.segment_ids_BxT))
                 state, update_metrics = step_fn(state, batch)
                 update_metrics = {f"update/{k}": float(v) for k, v in jax.device_get(update_metrics).items()}
+                update_metrics["update/param_norm"] = float(param_norm_fn(state.params))
             with timer("push"):
-                engine.update_weights(current_model(), step=step + 1)
+                try:
+                    engine.update_weights(current_model(), step=step + 1)
+                except Exception as e:  # noqa: BLE001
+                    raise TrainError(f"step {step + 1}: pushing weights to the engine failed ({type(e).__name__}: "
+                                     f"{e}); continue from the last checkpoint with --resume") from e
 
             done = step + 1
             metrics: dict[str, Any] = {**M.rollout_metrics(columns, all_terms, term_names), **update_metrics,
@@ -300,6 +330,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
         if best_ckpt is not None:
             best_ckpt.close()
         engine.close()
+        scorer.close()
         fleet.close()
         if writer is not None:
             writer.close()

@@ -10,6 +10,7 @@ gathered before the summary.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from jaxrl import hosts
 from jaxrl.config import Config
 from jaxrl.eval.evaluate import Sample, evaluate, metrics_of, summarize
 from jaxrl.eval.protocol import EvalSettings
+from jaxrl.rewards import response_text, stop_texts
 from jaxrl.rollout import Engine
 from reward.schema import Task
 from reward.score import Score
@@ -31,6 +33,20 @@ def eval_settings(cfg: Config, seed: int) -> EvalSettings:
                         top_k=v.top_k, thinking_budget=v.thinking_budget, max_tokens=v.max_tokens,
                         clean_thinking_budget=v.gt_debug_thinking_budget, seed=seed, lam=cfg.reward.lam,
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
+
+
+class _WithoutStopText(Engine):
+    """The trainer's engine, its completions' texts without the stop token (`rewards.response_text`)."""
+
+    def __init__(self, engine: Engine, stops: Sequence[str]):
+        self.engine, self.stops = engine, stops
+
+    def generate(self, prompts, params):
+        return [[dataclasses.replace(c, text=response_text(c, self.stops)) for c in group]
+                for group in self.engine.generate(prompts, params)]
+
+    def update_weights(self, model, *, step):
+        self.engine.update_weights(model, step=step)
 
 
 def _renamed(metrics: dict[str, float]) -> dict[str, float]:
@@ -54,7 +70,8 @@ def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task],
         return {}
     settings = eval_settings(cfg, seed)
     mine = list(tasks[jax.process_index()::jax.process_count()])
-    result = evaluate(engine, tokenizer, mine, settings, None, scorer=scorer, batch_size=max(len(mine), 1))
+    result = evaluate(_WithoutStopText(engine, stop_texts(tokenizer)), tokenizer, mine, settings, None,
+                      scorer=scorer, batch_size=max(len(mine), 1))
     if jax.process_count() == 1:
         return _renamed(metrics_of(result.summary))
     gathered = hosts.gather_json([[s.to_json() for s in result.samples], [s.to_json() for s in result.scores]])

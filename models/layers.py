@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import fused_attention
 from models.sharding import constrain
 
 Array = jax.Array
@@ -289,17 +290,23 @@ class Attention(nnx.Module):
     `output_gate=True` is Qwen3.5's gated attention: q_proj emits a gate of the
     same size as the queries, interleaved per head (`[..., N, 2H]`: first H
     channels query, last H gate), and the output is `o_proj(attn * sigmoid(gate))`.
+
+    `impl` picks the kernel for calls without a cache (training, scoring): "xla"
+    (`attend`, float32 scores in memory), "splash" (Pallas, TPU) or "cudnn" (GPU),
+    see `models.fused_attention`. Calls with a KV cache always use `attend`.
     """
 
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
                  rope_theta: float, partial_rotary_factor: float = 1.0, eps: float = 1e-6,
                  zero_centered_norm: bool = False, output_gate: bool = False, use_bias: bool = False,
-                 dtype: Dtype = jnp.float32, param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs):
+                 dtype: Dtype = jnp.float32, param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs,
+                 impl: str = "xla"):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope_theta, self.partial_rotary_factor = rope_theta, partial_rotary_factor
         self.output_gate = output_gate
+        self.impl = fused_attention.check_impl(impl)
         kw = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         q_width = head_dim * (2 if output_gate else 1)
         self.q_proj = Dense((dim,), (num_heads, q_width), ("embed", "q_heads", "head_dim"), **kw)
@@ -331,7 +338,10 @@ class Attention(nnx.Module):
             k, v = (a.astype(q.dtype) for a in cache.read(layer))
         else:
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-        o = attend(q, k, v, mask, self.head_dim ** -0.5)
+        if cache is None and self.impl != "xla":
+            o = fused_attention.fused_attention(self.impl, q, k, v, mask.q_seg, self.head_dim ** -0.5)
+        else:
+            o = attend(q, k, v, mask, self.head_dim ** -0.5)
         if gate is not None:
             o = o * jax.nn.sigmoid(gate)
         return self.o_proj(o), cache

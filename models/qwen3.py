@@ -113,12 +113,13 @@ class Qwen3Config:
 class Qwen3Block(nnx.Module):
     """One decoder layer (HF `Qwen3DecoderLayer`)."""
 
-    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs, attention_impl: str = "xla"):
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axes=("norm",), **kw)
         self.self_attn = Attention(
             cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, use_bias=cfg.attention_bias, rngs=rngs, **kw)
+            rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, use_bias=cfg.attention_bias, rngs=rngs,
+            impl=attention_impl, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axes=("norm",), **kw)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, **kw)
 
@@ -144,17 +145,21 @@ class Qwen3(CausalLMHead, nnx.Module):
     pass, keeping only the residual stream between layers; it changes no
     value and costs nothing without a gradient. On the CPU it is also faster
     than saving a scan's per-layer residuals.
+
+    `attention_impl` ("xla", "splash" on TPU, "cudnn" on GPU) picks the attention
+    kernel of cache-free calls (`models.fused_attention`).
     """
 
     def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
-                 remat: bool = True):
+                 remat: bool = True, attention_impl: str = "xla"):
         param_dtype = param_dtype or dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.config = cfg
         self.dtype = dtype
         self.remat = remat
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
-        self.layers = stack(lambda r: Qwen3Block(cfg, rngs=r, **kw), cfg.num_hidden_layers, rngs)
+        self.layers = stack(lambda r: Qwen3Block(cfg, rngs=r, attention_impl=attention_impl, **kw),
+                            cfg.num_hidden_layers, rngs)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axes=("norm",), **kw)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
 

@@ -333,12 +333,13 @@ class DeltaLayer(_Block):
 class AttentionLayer(_Block):
     """A `full_attention` decoder layer (gated attention)."""
 
-    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs,
+                 attention_impl: str = "xla"):
         self.self_attn = Attention(
             cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             rope_theta=cfg.rope_theta, partial_rotary_factor=cfg.partial_rotary_factor, eps=cfg.rms_norm_eps,
             zero_centered_norm=True, output_gate=True, use_bias=cfg.attention_bias,
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            dtype=dtype, param_dtype=param_dtype, rngs=rngs, impl=attention_impl)
         self._norms_and_mlp(cfg, dtype, param_dtype, rngs)
 
     def __call__(self, h: Array, ctx: Context, cache: KVCache | None, layer: Array | None
@@ -363,27 +364,29 @@ class Context:
 class Group(nnx.Module):
     """One period of `layer_types`: each run of same-kind layers stacked on a `group` axis."""
 
-    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs):
-        kinds = {LINEAR: DeltaLayer, FULL: AttentionLayer}
+    def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs,
+                 attention_impl: str = "xla"):
+        kw = dict(dtype=dtype, param_dtype=param_dtype)
+        make = {LINEAR: lambda r: DeltaLayer(cfg, rngs=r, **kw),
+                FULL: lambda r: AttentionLayer(cfg, rngs=r, attention_impl=attention_impl, **kw)}
         self.runs_spec = cfg.groups[1]
-        self.runs = nnx.List([
-            stack(lambda r, k=kind: kinds[k](cfg, dtype=dtype, param_dtype=param_dtype, rngs=r), n, rngs, "group")
-            for kind, n in self.runs_spec
-        ])
+        self.runs = nnx.List([stack(make[kind], n, rngs, "group") for kind, n in self.runs_spec])
 
-    def __call__(self, h: Array, ctx: Context, kv: tuple | None, delta: tuple | None, group: Array
-                 ) -> tuple[Array, tuple | None, tuple | None]:
+    def __call__(self, h: Array, ctx: Context, kv: tuple | None, delta: tuple | None, group: Array,
+                 remat: bool = False) -> tuple[Array, tuple | None, tuple | None]:
         """Run the group's layers.
 
         `kv` and `delta` (None without a cache) hold one entry per run, None for runs of
         the other kind: the whole stacked `KVCache` of an attention run (written in place
-        at entry group · run + j), and a DeltaNet run's states for this group.
+        at entry group · run + j), and a DeltaNet run's states for this group. With
+        `remat`, each layer is recomputed in the backward pass too, so a group's backward
+        holds one layer's float32 DeltaNet intermediates at a time, not all of them.
         """
         kv, delta = (None, None) if kv is None else (list(kv), list(delta))
         for i, (run, (kind, n)) in enumerate(zip(self.runs, self.runs_spec)):
             if kind == LINEAR:
                 h, state = scan(run, lambda layer, carry, st: layer(carry, ctx, st), h,
-                                None if delta is None else delta[i])
+                                None if delta is None else delta[i], remat=remat)
                 if delta is not None:
                     delta[i] = state
             else:
@@ -391,7 +394,7 @@ class Group(nnx.Module):
                     x, cache = carry
                     return layer(x, ctx, cache, None if cache is None else group * n + j), None
 
-                (h, cache), _ = scan(run, attend, (h, None if kv is None else kv[i]), jnp.arange(n))
+                (h, cache), _ = scan(run, attend, (h, None if kv is None else kv[i]), jnp.arange(n), remat=remat)
                 if kv is not None:
                     kv[i] = cache
         return h, None if kv is None else tuple(kv), None if delta is None else tuple(delta)
@@ -406,16 +409,19 @@ class Qwen3_5(CausalLMHead, nnx.Module):
     (`[B, T]`, 1 = token, 0 = left padding), `cache` (a `decode.Cache`; the call then
     returns `(out, new_cache)`) and `return_hidden` (final-normed hidden states
     `[B, T, D]` instead of logits). `chunk_size` is the DeltaNet's chunk length; `remat`
-    recomputes each layer group in the backward pass.
+    recomputes each layer group in the backward pass. `attention_impl` ("xla", "splash"
+    on TPU, "cudnn" on GPU) picks the attention kernel of cache-free calls
+    (`models.fused_attention`).
     """
 
     def __init__(self, cfg: Qwen3_5Config, *, dtype: Dtype = jnp.float32, param_dtype: Dtype | None = None,
-                 rngs: nnx.Rngs, remat: bool = False, chunk_size: int = 64):
+                 rngs: nnx.Rngs, remat: bool = False, chunk_size: int = 64, attention_impl: str = "xla"):
         param_dtype = param_dtype or dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.config, self.dtype, self.remat, self.chunk_size = cfg, dtype, remat, chunk_size
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
-        self.layers = stack(lambda r: Group(cfg, rngs=r, **kw), cfg.groups[0], rngs, "layers")
+        self.layers = stack(lambda r: Group(cfg, rngs=r, attention_impl=attention_impl, **kw), cfg.groups[0], rngs,
+                            "layers")
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, **kw)
         self.lm_head = None if cfg.tie_word_embeddings else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, **kw)
 
@@ -455,7 +461,7 @@ class Qwen3_5(CausalLMHead, nnx.Module):
 
         def body(group, carry, xs):
             (x, kv), (delta, g) = carry, xs
-            x, kv, delta = group(x, ctx, kv, delta, g)
+            x, kv, delta = group(x, ctx, kv, delta, g, self.remat)
             return (x, kv), delta
 
         h = constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))

@@ -196,6 +196,12 @@ def current_mesh() -> Mesh | None:
     return None if ctx is None else ctx[0]
 
 
+def current_rules() -> tuple:
+    """The rules set by `use_mesh` (`RULES` when none is active)."""
+    ctx = _CTX.get()
+    return RULES if ctx is None else ctx[1]
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """Constrain an activation's sharding by logical axis names (no-op without a mesh)."""
     ctx = _CTX.get()

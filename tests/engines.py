@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl.batching import pad_length
-from jaxrl.rollout import Completion, Engine, SamplingParams
+from jaxrl.rollout import Completion, Engine, SamplingParams, register_engine
 from models import decode
 
 
@@ -83,3 +83,34 @@ class ScriptedEngine(Engine):
 
     def update_weights(self, model, *, step):
         pass
+
+
+def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, prompt="minimal", **_):
+    """`ScriptedEngine` over the tasks of a JSONL file (`rollout.options.tasks`)."""
+    from jaxrl.tasks import render
+    from reward.schema import load_tasks
+
+    by_prompt = {render(t, tokenizer, prompt).prompt_ids: t for t in load_tasks(tasks)}
+    return ScriptedEngine(tokenizer, by_prompt)
+
+
+@register_engine("test-decoder")
+def _decoder(model, tokenizer, mesh=None, rules=None, **_):
+    return DecoderEngine(model, tokenizer)
+register_engine("test-scripted")(_scripted_from_file)
+
+
+class BrokenEngine(Engine):
+    """An engine whose server has gone away."""
+
+    def __init__(self, **_):
+        pass
+
+    def generate(self, prompts, params):
+        raise ConnectionError("server at 127.0.0.1:1 refused the connection")
+
+    def update_weights(self, model, *, step):
+        pass
+
+
+register_engine("test-broken")(lambda **kw: BrokenEngine(**kw))
