@@ -30,7 +30,7 @@ from typing import Any
 
 from reward.diff import Block, Edit, apply, diff, edits_of, nonblank_lines
 from reward.extract import extract_program
-from reward.sandbox import Job, Limits, RunResult
+from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.schema import Prediction, Task, Tests
 
 DEFAULT_LAMBDA = 1 / 3
@@ -402,8 +402,7 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
 
     def job(n: int, program: str) -> Job:
         task = items[n][0]
-        run_limits = limits if task.timeout_s is None else dataclasses.replace(limits, timeout_s=task.timeout_s)
-        made = canonical_job(program, task.tests, run_limits)
+        made = canonical_job(program, task.tests, limits_for(task, limits))
         jobs_of[n].add(made)
         return made
 

@@ -1,8 +1,8 @@
 """A fake OpenAI-compatible server on 127.0.0.1 that answers from a fixed table and records every request.
 
-`/v1/completions` answers a prompt with the table entry whose key the prompt
-contains (the text continues the opened think block, as a Qwen3.5 server
-would); `/v1/chat/completions` looks the key up in the messages and returns the
+`/v1/completions` answers a prompt (text, or token ids decoded with `decode`)
+with the table entry whose key the prompt contains (the text continues the
+opened think block, as a Qwen3.5 server would); `/v1/chat/completions` looks the key up in the messages and returns the
 thinking apart as `reasoning_content` (as SGLang and vLLM reasoning parsers do)
 and the answer as `content`. The first `fail_first` requests get a 429.
 """
@@ -16,8 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeOpenAI:
     def __init__(self, answers: dict[str, str], model: str = "fake-model", fail_first: int = 0,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, decode=None):
         self.answers, self.model, self.fail_first, self.delay_s = answers, model, fail_first, delay_s
+        self.decode = decode  # token ids -> text, for prompts sent as token ids
         self.requests: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
         fake = self
@@ -52,7 +53,11 @@ class FakeOpenAI:
                     threading.Event().wait(fake.delay_s)
                 self._send(*fake.answer(self.path, body))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client that hangs up early is not the test's concern
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -77,7 +82,7 @@ class FakeOpenAI:
                          "choices": choices, "usage": usage}
         if path.endswith("/completions"):
             prompt = body.get("prompt")
-            text = self.lookup(prompt if isinstance(prompt, str) else json.dumps(prompt))
+            text = self.lookup(prompt if isinstance(prompt, str) else self.decode(prompt) if self.decode else "")
             if text is None:
                 return 400, {"error": {"message": "no table entry for this prompt"}}
             finish = "stop" if "</think>" in text else "length"

@@ -319,3 +319,19 @@ def test_a_clean_only_set_reports_and_compares(tok, fleet, tmp_path):
     assert cli.main(["eval", "compare", str(out), "--out", str(tmp_path / "cmp")]) == 0
     assert not (tmp_path / "cmp" / "precision_vs_pass.png").exists()
     assert (tmp_path / "cmp" / "noop_vs_damage.png").exists()
+
+
+def test_the_trainers_validation_reports_evals_numbers(tok, fleet):
+    from jaxrl.config import load_config
+    from jaxrl.rewards import RewardPipeline
+    from jaxrl.validate import eval_settings, validate
+    from reward.sandbox import Limits
+
+    cfg = load_config("tiny")
+    pipeline = RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s))
+    metrics = validate(TableEngine(tok), tok, pipeline, TASKS, cfg, seed=3)
+    summary = evaluate(TableEngine(tok), tok, TASKS, eval_settings(cfg, 3), fleet).summary
+    for name in ("pass", "precision", "recall", "f1", "lines"):
+        assert metrics[f"val/{name}"] == pytest.approx(summary["buggy"][name]["value"])
+    for name in ("noop", "damage"):
+        assert metrics[f"gt_debug/{name}"] == pytest.approx(summary["clean"][name]["value"])

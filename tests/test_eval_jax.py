@@ -61,3 +61,65 @@ def test_greedy_eval_does_not_depend_on_batching(model_dir, tmp_path):
     assert cli.main([*args, "--out", str(tmp_path / "a")]) == 0
     assert cli.main([*args, "--out", str(tmp_path / "b"), "--batch-size", "2"]) == 0
     assert (tmp_path / "b" / "predictions.jsonl").read_text() == (tmp_path / "a" / "predictions.jsonl").read_text()
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A run directory as `precisecoder train` leaves it: config.yaml and an Orbax checkpoint at step 7."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl import train_step as ts
+    from jaxrl.checkpoint import Checkpointer
+    from jaxrl.config import load_config, to_yaml
+    from jaxrl.trainer import build_model
+    from models import sharding as msh
+
+    run = tmp_path_factory.mktemp("run")
+    cfg = load_config("tiny")
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    rules = msh.rules_from_mapping(cfg.mesh.rules)
+    mesh = msh.make_mesh(1, -1, 1)
+    model = build_model(cfg, mesh, rules)
+    state, graphdef, rest = ts.init_train_state(model, ts.make_optimizer(cfg.optimizer), mesh, rules)
+    moved = jax.tree.map(lambda x: x + 0.01, state.params)  # not the initialisation
+    state = ts.TrainState(step=jnp.asarray(7, jnp.int32), params=moved, opt_state=state.opt_state)
+    ckpt = Checkpointer(run / "checkpoints", async_save=False)
+    ckpt.save(state, jax.random.key(0))
+    ckpt.close()
+    return run, nnx.merge(graphdef, moved, rest)
+
+
+def test_open_checkpoint_restores_the_saved_policy(trained_run):
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxrl.eval.sources import SourceError, locate_checkpoint, open_checkpoint
+
+    run, saved = trained_run
+    assert locate_checkpoint(run) == (run, run / "checkpoints", None)
+    assert locate_checkpoint(run / "checkpoints") == (run, run / "checkpoints", None)
+    assert locate_checkpoint(run / "best" / "7") == (run, run / "best", 7)
+    engine, tokenizer, model = open_checkpoint(str(run / "checkpoints" / "7"))
+    assert model["name"] == "tiny@7" and model["step"] == 7 and tokenizer.family == "qwen3"
+    for a, b in zip(jax.tree.leaves(engine.state), jax.tree.leaves(nnx.split(saved)[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    engine.close()
+    with pytest.raises(SourceError, match="no config.yaml"):
+        locate_checkpoint(run.parent / "nowhere")
+    with pytest.raises(SourceError, match="checkpoint"):
+        open_checkpoint(str(run / "checkpoints" / "8"))
+
+
+@pytest.mark.slow
+def test_eval_from_a_checkpoint(trained_run, tmp_path):
+    run, _ = trained_run
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, TASKS)
+    assert cli.main(["eval", "--tasks", str(tasks), "--checkpoint", str(run), "--temperature", "0",
+                     "--thinking-budget", "4", "--max-tokens", "8", "--clean-thinking-budget", "4",
+                     "--workers", "2", "--no-progress", "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["model"]["name"] == "tiny@7" and summary["samples"] == len(TASKS)

@@ -67,11 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--url", action="append", default=[], help="SGLang server URL (repeat for several)")
     what.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     what.add_argument("--model-name", help="the served model's name (openai); also the default --name")
+    what.add_argument("--api", choices=("chat", "completions"), default="chat",
+                      help="openai: chat completions (the server's chat template; no thinking budget), or raw "
+                           "completions of our rendered prompt as token ids (the budget enforced; Qwen models)")
     what.add_argument("--name", help="the model's name in reports and plots (default: from the source)")
     what.add_argument("--tokenizer", choices=("qwen3", "qwen3_5"),
                       help="chat template and vocabulary for sglang/openai (default: from the model's config, "
                            "else qwen3_5)")
-    what.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="jax engine weights")
+    what.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                      help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
     protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
@@ -98,10 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     run = parser.add_argument_group("execution")
     run.add_argument("--batch-size", type=_positive_int, default=None,
-                     help="prompts per engine call (default: 16 for jax, 1 for servers)")
+                     help="prompts per engine call; a finished call is saved at once (default: 16 for jax, "
+                          "1 for servers)")
     run.add_argument("--concurrency", type=_positive_int, default=None,
-                     help="engine calls in flight (default: 1 for jax, 16 for servers)")
-    run.add_argument("--retries", type=int, default=3, help="extra attempts of a failed engine call (default 3)")
+                     help="requests in flight to sglang/openai (default 16); the jax engine runs one call at a time")
+    run.add_argument("--retries", type=int, default=3,
+                     help="extra attempts of a failed request of sglang/openai, with backoff (default 3)")
     run.add_argument("--request-timeout", type=float, default=600.0,
                      help="seconds per HTTP request of sglang/openai (default 600)")
     run.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
@@ -140,8 +146,8 @@ def engine_kind(args: argparse.Namespace) -> str:
         raise UsageError("--engine openai needs --base-url URL and --model-name NAME")
     if engine != "sglang" and args.url:
         raise UsageError("--url is for --engine sglang")
-    if engine != "openai" and args.base_url:
-        raise UsageError("--base-url is for --engine openai")
+    if engine != "openai" and (args.base_url or args.model_name):
+        raise UsageError("--base-url and --model-name are for --engine openai")
     return engine
 
 
@@ -172,7 +178,8 @@ def run_compare(args: argparse.Namespace) -> int:
     table = compare_markdown(summaries)
     (out / "compare.md").write_text(table, encoding="utf-8")
     print(table)
-    for name, draw in (("precision_vs_pass.png", plots.precision_vs_pass), ("noop_vs_damage.png", plots.noop_vs_damage)):
+    figures = (("precision_vs_pass.png", plots.precision_vs_pass), ("noop_vs_damage.png", plots.noop_vs_damage))
+    for name, draw in figures:
         if draw(summaries, out / name):
             print(f"wrote {out / name}")
         else:
@@ -205,22 +212,30 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     server = kind != "jax"
-    batch_size = args.batch_size or (1 if server else 16)
-    concurrency = args.concurrency or (16 if server else 1)
+    args.batch_size = args.batch_size or (1 if server else 16)
+    args.concurrency = (args.concurrency or 16) if server else 1
     try:
         engine, tokenizer, model = open_engine(kind, args)
     except (UsageError, OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # servers that do not answer
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     try:
         with engine, Fleet(workers=args.workers, isolation=args.isolation,
                            cache_path=_cache_path(args.out)) as fleet:
             result = evaluate(engine, tokenizer, tasks, settings, fleet, model=model, task_set=args.tasks,
-                              candidates=candidates, out_dir=args.out, batch_size=batch_size,
-                              concurrency=concurrency, retries=args.retries, progress=not args.no_progress)
+                              candidates=candidates, out_dir=args.out, batch_size=args.batch_size,
+                              concurrency=args.concurrency, retries=0, progress=not args.no_progress,
+                              chat=kind == "openai" and args.api == "chat")
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: the samples done are kept in {args.out}/predictions.jsonl; "
+              "rerun the same command to continue", file=sys.stderr)
+        return 130
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {args.out}/predictions.jsonl, scores.jsonl, summary.json, report.md "
           f"({len(result.samples)} samples)")

@@ -31,9 +31,9 @@ from typing import Any
 from tqdm import tqdm
 
 from jaxrl.eval import stats
-from jaxrl.eval.report import report_markdown
 from jaxrl.eval.protocol import (EvalSettings, candidate_program, invalid_reason, response_text, split_by_kind,
                                  task_messages)
+from jaxrl.eval.report import report_markdown
 from jaxrl.rollout.engine import Completion, Engine, SamplingParams
 from reward.sandbox import Limits
 from reward.schema import Prediction, Task, write_jsonl
@@ -100,8 +100,11 @@ class Request:
 
 
 def build_requests(tasks: Sequence[Task], settings: EvalSettings, tokenizer: Any,
-                   candidates: Mapping[str, Prediction] | None = None) -> tuple[list[Request], int]:
-    """The requests of all tasks, and how many refine candidates had no program (buggy code shown instead)."""
+                   candidates: Mapping[str, Prediction] | None = None, chat: bool = False) -> tuple[list[Request], int]:
+    """The requests of all tasks, and how many refine candidates had no program (buggy code shown instead).
+
+    With `chat` the server renders the messages itself, so no prompt opens a think block.
+    """
     if settings.prompt == "refine":
         if candidates is None:
             raise EvalError("the refine prompt needs candidates (one per task)")
@@ -117,7 +120,7 @@ def build_requests(tasks: Sequence[Task], settings: EvalSettings, tokenizer: Any
             replaced += not real
         messages = task_messages(task, settings.prompt, candidate)
         text = tokenizer.render_chat(messages, enable_thinking=settings.enable_thinking)
-        think_opened = settings.enable_thinking and text.endswith("<think>\n")
+        think_opened = not chat and settings.enable_thinking and text.endswith("<think>\n")
         requests.append(Request(task, messages, tokenizer.encode(text), think_opened))
     return requests, replaced
 
@@ -128,7 +131,8 @@ def batch_seed(seed: int, first_task_id: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def batches(requests: Sequence[Request], settings: EvalSettings, size: int) -> list[tuple[list[Request], SamplingParams]]:
+def batches(requests: Sequence[Request], settings: EvalSettings,
+            size: int) -> list[tuple[list[Request], SamplingParams]]:
     """Requests cut into batches of at most `size` that share sampling parameters (buggy first, then clean)."""
     out = []
     for clean in (False, True):
@@ -216,11 +220,14 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _generate(engine: Engine, batch: Sequence[Request], params: SamplingParams, retries: int,
-              backoff_s: float) -> list[list[Completion]]:
+              backoff_s: float, chat: bool) -> list[list[Completion]]:
     """One batch from the engine, retried with exponential backoff; the last error is raised."""
     for attempt in range(retries + 1):
         try:
-            out = engine.generate([r.prompt_ids for r in batch], params)
+            if chat:
+                out = engine.chat([r.messages for r in batch], params)
+            else:
+                out = engine.generate([r.prompt_ids for r in batch], params)
             if len(out) != len(batch) or any(len(c) != params.n for c in out):
                 raise EvalError(f"the engine returned {[len(c) for c in out]} completions for "
                                 f"{len(batch)} prompts × {params.n}")
@@ -234,7 +241,8 @@ def _generate(engine: Engine, batch: Sequence[Request], params: SamplingParams, 
 
 def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettings, *,
                log: PredictionLog | None = None, batch_size: int = 16, concurrency: int = 1,
-               retries: int = 2, backoff_s: float = 1.0, progress: bool = False) -> dict[str, list[Sample]]:
+               retries: int = 2, backoff_s: float = 1.0, progress: bool = False,
+               chat: bool = False) -> dict[str, list[Sample]]:
     """task_id -> its K samples, for every request; batches already in `log` are not sampled again."""
     done: dict[str, list[Sample]] = dict(log.done) if log else {}
     work = [([r for r in batch if r.task.task_id not in done], params)
@@ -245,7 +253,7 @@ def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettin
     lock = threading.Lock()
 
     def run(batch: list[Request], params: SamplingParams) -> None:
-        completions = _generate(engine, batch, params, retries, backoff_s)
+        completions = _generate(engine, batch, params, retries, backoff_s, chat)
         got = {r.task.task_id: samples_of(r, c) for r, c in zip(batch, completions)}
         if log:
             log.append([s for group in got.values() for s in group])
@@ -273,8 +281,8 @@ def sample_all(engine: Engine, requests: Sequence[Request], settings: EvalSettin
 
 
 def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence[Score], settings: EvalSettings,
-              model: Mapping[str, Any], *, task_set: str | None = None, candidates_replaced: int = 0, resamples: int = stats.RESAMPLES,
-              seed: int = 0) -> dict[str, Any]:
+              model: Mapping[str, Any], *, task_set: str | None = None, candidates_replaced: int = 0,
+              resamples: int = stats.RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """summary.json: the model, the settings, the paper's columns with intervals (overall and per
     task kind), the spec's aggregate, and the invalid share with its reasons."""
     values = stats.per_task_values(tasks, scores, settings.lam)
@@ -330,9 +338,10 @@ def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: EvalSettings, fleet: Any, *,
-             model: Mapping[str, Any] | None = None, task_set: str | None = None, candidates: Mapping[str, Prediction] | None = None,
+             model: Mapping[str, Any] | None = None, task_set: str | None = None,
+             candidates: Mapping[str, Prediction] | None = None,
              out_dir: str | os.PathLike | None = None, batch_size: int = 16, concurrency: int = 1,
-             retries: int = 2, backoff_s: float = 1.0, progress: bool = False,
+             retries: int = 2, backoff_s: float = 1.0, progress: bool = False, chat: bool = False,
              scorer: Callable[[Sequence[tuple[Task, Prediction]]], list[Score]] | None = None) -> EvalResult:
     """Evaluate an engine's model on `tasks` under the paper's protocol.
 
@@ -351,6 +360,8 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
         concurrency: engine calls in flight at once.
         retries: extra attempts of a failed engine call, with exponential backoff from `backoff_s`.
         progress: show progress bars (sampling with its ETA, then test runs).
+        chat: send the messages (`engine.chat`, the openai engine's chat completions; the
+            server applies its chat template and no thinking budget) instead of token ids.
         scorer: scores (task, prediction) pairs in order instead of `score_predictions` on
             `fleet` (a trainer's reward pipeline; it must apply `settings.lam`, `epsilon`
             and `timeout_s` and each prediction's `think_opened` the same way).
@@ -363,14 +374,14 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
         raise EvalError(f"batch_size and concurrency must be >= 1 and retries >= 0, "
                         f"got {batch_size}, {concurrency}, {retries}")
     model = dict(model or {})
-    requests, replaced = build_requests(tasks, settings, tokenizer, candidates)
+    requests, replaced = build_requests(tasks, settings, tokenizer, candidates, chat)
     log = None
     if out_dir is not None:
-        run = {"settings": settings.to_json(), "model": model, "tasks": [t.task_id for t in tasks]}
+        run = {"settings": settings.to_json(), "model": model, "chat": chat, "tasks": [t.task_id for t in tasks]}
         log = PredictionLog(out_dir, run, settings.samples)
     try:
         by_task = sample_all(engine, requests, settings, log=log, batch_size=batch_size, concurrency=concurrency,
-                             retries=retries, backoff_s=backoff_s, progress=progress)
+                             retries=retries, backoff_s=backoff_s, progress=progress, chat=chat)
     finally:
         if log:
             log.close()

@@ -100,18 +100,18 @@ class EvalSettings:
 
 
 def task_kind(task: Task) -> str:
-    """`single`, `multi`, `multi_line` or `clean`: `meta.kind` when `data build` wrote it, else from the diff.
+    """`clean` (no reference block), else `meta.kind` when `data build` wrote it, else from the diff.
 
     The diff rule is the one `data build` keeps tasks by: one one-line block is a
     single fault, several blocks are a multi-fault task, one block of several
     lines is a multi-line fault.
     """
-    kind = task.meta.get("kind")
-    if kind in KINDS or kind == "clean":
-        return kind
     blocks = diff(task.buggy_code, task.solution)
     if not blocks:
         return "clean"
+    kind = task.meta.get("kind")
+    if kind in KINDS:
+        return kind
     if len(blocks) > 1:
         return "multi"
     return "single" if len(blocks[0]) == 1 else "multi_line"

@@ -1,6 +1,6 @@
 """Markdown for people: one run's report.md and the side-by-side table of `eval compare`.
 
-Percentages have one decimal and lines two (REWARD_SPEC "Aggregates"); every
+Percentages have one decimal and lines two (docs/reward.md, "Aggregates over a task set"); every
 value carries its bootstrap 95% interval in parentheses.
 """
 

@@ -45,15 +45,118 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
     tokenizer = tokenizer_of_model_dir(directory)
     model = models.from_pretrained(directory, dtype=jnp.dtype(dtype))
     engine = make_engine("jax", model=model, tokenizer=tokenizer)
-    return engine, tokenizer, {"name": directory.resolve().name, "engine": "jax", "path": str(directory), "dtype": dtype}
+    model_info = {"name": directory.resolve().name, "engine": "jax", "path": str(directory), "dtype": dtype}
+    return engine, tokenizer, model_info
+
+
+def locate_checkpoint(path: Path) -> tuple[Path, Path, int | None]:
+    """(run directory, checkpoint directory, step or None for the latest) of a `--checkpoint` path.
+
+    Accepted: a run directory (its `checkpoints/`), a run's `checkpoints/` or `best/`,
+    or one step directory inside them (`run/checkpoints/250`).
+    """
+    path = path.expanduser()
+    if (path / "config.yaml").is_file():
+        return path, path / "checkpoints", None
+    if (path.parent / "config.yaml").is_file():
+        return path.parent, path, None
+    if path.name.isdigit() and (path.parent.parent / "config.yaml").is_file():
+        return path.parent.parent, path.parent, int(path.name)
+    raise SourceError(f"--checkpoint {path}: not a `precisecoder train` run, its checkpoints/ or best/, "
+                      "or a step directory in them (no config.yaml found)")
+
+
+def open_checkpoint(directory: str) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
+    """The jax engine over the policy parameters of a trainer checkpoint.
+
+    The run's config.yaml rebuilds the model (its architecture and dtypes), and the
+    train state is restored with parameters sharded over all local devices (fsdp).
+    Optimizer moments are read too: Orbax restores the state as it was saved.
+    """
+    import jax  # noqa: PLC0415  (JAX only for the embedded engine)
+    import jax.numpy as jnp  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from jaxrl import train_step as ts  # noqa: PLC0415
+    from jaxrl.checkpoint import Checkpointer, abstract_with_shardings  # noqa: PLC0415
+    from jaxrl.config import load_config  # noqa: PLC0415
+    from jaxrl.trainer import TrainError, build_model  # noqa: PLC0415
+    from models import sharding as msh  # noqa: PLC0415
+
+    run, ckpt_dir, step = locate_checkpoint(Path(directory))
+    try:
+        cfg = load_config(run / "config.yaml")
+        rules = msh.rules_from_mapping(cfg.mesh.rules)
+        mesh = msh.make_mesh(1, -1, 1)
+        graphdef, params, rest = nnx.split(build_model(cfg, mesh, rules), nnx.Param, ...)
+        tx = ts.make_optimizer(cfg.optimizer)
+        abstract = jax.eval_shape(
+            lambda p: ts.TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
+        del params
+        target = abstract_with_shardings(abstract, ts.state_shardings(abstract, mesh, rules))
+        checkpointer = Checkpointer(ckpt_dir, async_save=False)
+        try:
+            state, _, _ = checkpointer.restore(target, step)
+        finally:
+            checkpointer.close()
+    except (TrainError, FileNotFoundError, ValueError, KeyError) as e:
+        raise SourceError(f"--checkpoint {directory}: {e}") from None
+    tokenizer = load_tokenizer(cfg.model.family)
+    engine = make_engine("jax", model=nnx.merge(graphdef, state.params, rest), tokenizer=tokenizer, mesh=mesh,
+                         rules=rules)
+    return engine, tokenizer, {"name": f"{cfg.name}@{int(state.step)}", "engine": "jax", "checkpoint": str(run),
+                               "step": int(state.step), "dtype": cfg.model.dtype}
+
+
+def _served_family(urls: list[str], retry: Any) -> str:
+    """The tokenizer family of the model the first answering SGLang server reports (`/get_model_info`)."""
+    from jaxrl.rollout.http import ConnectionFailed, HTTPStatusError, request_json  # noqa: PLC0415
+
+    for url in urls:
+        try:
+            info = request_json("GET", url.rstrip("/") + "/get_model_info", timeout=retry.timeout)
+        except (ConnectionFailed, HTTPStatusError):
+            continue
+        model_type = info.get("model_type") if isinstance(info, dict) else None
+        try:
+            return family_for_model_type(model_type)
+        except KeyError:
+            raise SourceError(f"{url} serves model_type {model_type!r}, not a Qwen family this project "
+                              "knows; pass --tokenizer qwen3|qwen3_5") from None
+    raise SourceError(f"none of the sglang servers answered: {', '.join(urls)}")
+
+
+def open_server(kind: str, args: argparse.Namespace) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
+    """The sglang or openai engine; per-request retries and timeout from the arguments."""
+    from jaxrl.rollout.http import RetryPolicy  # noqa: PLC0415
+
+    retry = RetryPolicy(attempts=args.retries + 1, timeout=args.request_timeout)
+    if kind == "sglang":
+        tokenizer = load_tokenizer(args.tokenizer or _served_family(args.url, retry))
+        engine = make_engine("sglang", urls=args.url, tokenizer=tokenizer, retry=retry,
+                             max_concurrency=args.concurrency)
+        paths = sorted({str(info.get("model_path")) for info in engine.model_info.values() if info.get("model_path")})
+        name = Path(paths[0]).name if paths else "sglang"
+        return engine, tokenizer, {"name": name, "engine": "sglang", "url": list(args.url), "served_model": paths,
+                                   "tokenizer": tokenizer.family}
+    tokenizer = load_tokenizer(args.tokenizer or "qwen3_5")
+    extra = {} if args.api == "completions" or not args.no_thinking else \
+        {"chat_template_kwargs": {"enable_thinking": False}}
+    engine = make_engine("openai", base_url=args.base_url, model=args.model_name, tokenizer=tokenizer,
+                         max_concurrency=args.concurrency, retry=retry, extra_body=extra)
+    return engine, tokenizer, {"name": args.model_name, "engine": "openai", "api": args.api,
+                               "base_url": args.base_url, "served_model": args.model_name,
+                               "tokenizer": tokenizer.family}
 
 
 def open_source(kind: str, args: argparse.Namespace) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
     """(engine, tokenizer, model description) for the CLI arguments; `--name` overrides the name."""
     if kind == "jax" and args.model:
         engine, tokenizer, model = open_hf_model(args.model, args.dtype)
+    elif kind == "jax":
+        engine, tokenizer, model = open_checkpoint(args.checkpoint)
     else:
-        raise SourceError(f"the {kind} engine is not available in this build")
+        engine, tokenizer, model = open_server(kind, args)
     if args.name:
         model["name"] = args.name
     return engine, tokenizer, model

@@ -1,7 +1,7 @@
 """The paper's columns over a task set, each with a bootstrap 95% interval.
 
 Per task the scores of its samples are averaged first and a task without a
-prediction counts as one invalid prediction (REWARD_SPEC "Aggregates"), so the
+prediction counts as one invalid prediction (docs/reward.md, "Aggregates over a task set"), so the
 point values equal `reward.score.aggregate`. Buggy tasks give pass, precision,
 recall and F1 (invalid = 0) and lines (the mean ℓ over valid predictions, over
 the tasks that have one); clean tasks give no-op and damage.
