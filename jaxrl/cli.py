@@ -16,6 +16,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("reward.check_cli", "verify a task set, or run predictions against their tests"),
     "eval": ("jaxrl.eval.cli", "evaluate a model under the paper's protocol; `eval compare` tables and plots"),
+    "demo": ("jaxrl.demo.cli", "SFT a tiny Qwen3, then GRPO vs PreciseCoder on a micro domain: the paper's result on a CPU"),
     "data": ("reward.data.cli", "build verified debugging task sets (PDB-style bug synthesis)"),
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
     "generate": ("jaxrl.generate_cli", "sample completions for JSONL prompts with the jax, sglang or openai engine"),

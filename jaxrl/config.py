@@ -116,7 +116,7 @@ class DataConfig:
             an unset one is taken from the built set (train.jsonl, val.jsonl, gt_debug.jsonl).
         build: build the task set on the fly instead of (or besides) files.
         tasks_per_step: N, the tasks of one RL step (each gets G rollouts).
-        prompt: the paper's prompt template (`jaxrl.prompts`).
+        prompt: the prompt template (`jaxrl.prompts`): the paper's, or `demo` for `precisecoder demo`.
         seed: seeds the shuffle of the training tasks (each epoch reshuffled).
         clean_share: share of clean rows (a training problem's correct program shown as
             buggy code) mixed into the training tasks; "GRPO + clean rows" uses it.
@@ -127,7 +127,7 @@ class DataConfig:
     gt_debug: str | None = None
     build: BuildSpec | None = None
     tasks_per_step: int = 32
-    prompt: Literal["minimal", "abstain"] = "minimal"
+    prompt: Literal["minimal", "abstain", "demo"] = "minimal"
     seed: int = 0
     clean_share: float = 0.0
 

@@ -116,10 +116,13 @@ def _check_config_matches(saved: Path, cfg: Config) -> None:
         raise TrainError(f"--resume with a different config than {saved}: " + "; ".join(diffs))
 
 
-def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., Engine] | None = None) -> dict[str, Any]:
+def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., Engine] | None = None,
+          tokenizer: Any = None) -> dict[str, Any]:
     """Run (or resume) the RL loop of `cfg` to `cfg.run.steps`; returns the last step's metrics.
 
-    `engine_factory(cfg, model, tokenizer, mesh, rules)` replaces `make_engine_for`.
+    `engine_factory(cfg, model, tokenizer, mesh, rules)` replaces `make_engine_for`. `tokenizer`
+    replaces the Qwen tokenizer of `cfg.model.family` (`precisecoder demo` passes its own
+    small vocabulary with the same interface).
     """
     out = Path(cfg.run.out).expanduser()
     saved_config = out / "config.yaml"
@@ -140,7 +143,7 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     pi, pc = jax.process_index(), jax.process_count()
 
     # ---- tasks
-    tokenizer = load_tokenizer(cfg.model.family)
+    tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer
     build = None
     if cfg.data.build is not None:
         build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation, progress=cfg.run.progress)

@@ -4,6 +4,7 @@ import pytest
 
 from jaxrl.rollout import make_engine
 from jaxrl.rollout.text import TokenSpec, make_completion, prompt_opens_think, split_think
+from reward.extract import extract_program
 from models.tokenizer import QwenTokenizer, _load_or_build
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Fix it."}]
@@ -40,7 +41,8 @@ def test_thinking_and_answer_split(tok):
     body = tok.encode("Look at line 3.\n</think>\n\n```python\nx = 1\n```") + [tok.im_end_id]
     c = make_completion(body, [0.0] * len(body), [False] * len(body), "stop", True, spec, tok.decode)
     assert (c.thinking, c.answer) == ("Look at line 3.", "```python\nx = 1\n```")
-    assert c.text == tok.decode(body) and not c.budget_hit
+    assert c.text == tok.decode(body[:-1]) and not c.budget_hit  # the stop token is not in the response
+    assert extract_program(c.text, True) == "x = 1"
     sampled_open = tok.encode("<think>\nHmm.\n</think>\n\nAnswer.")
     assert [tok.decode(x) for x in split_think(sampled_open, False, spec)] == ["\nHmm.\n", "\n\nAnswer."]
     unclosed = tok.encode("still thinking")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-PROMPTS = ("minimal", "refine", "abstain")
+PROMPTS = ("minimal", "refine", "abstain", "demo")
 
 
 def _template(name: str, part: str) -> str:
@@ -18,7 +18,7 @@ def _template(name: str, part: str) -> str:
 
 
 def messages(name: str, task_prompt: str, code: str, candidate_solution: str | None = None) -> list[dict[str, str]]:
-    """The system and user messages of prompt `name` for one task.
+    """The system and user messages of prompt `name` for one task (the user message alone if it has no system text).
 
     Args:
       name: one of `PROMPTS`.
@@ -33,4 +33,6 @@ def messages(name: str, task_prompt: str, code: str, candidate_solution: str | N
     fields = {"task_prompt": task_prompt, "code": code.rstrip("\n"), "candidate_solution": (candidate_solution or "").rstrip("\n")}
     # One pass, so a field's own text (a prompt that mentions "{code}") is never filled in again.
     user = re.sub(r"\{(task_prompt|code|candidate_solution)\}", lambda m: fields[m.group(1)], _template(name, "user"))
-    return [{"role": "system", "content": _template(name, "system")}, {"role": "user", "content": user}]
+    system = _template(name, "system")
+    # A prompt without instructions (`demo`) has no system turn at all, not an empty one.
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]

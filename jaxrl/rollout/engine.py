@@ -69,7 +69,8 @@ class Completion:
             temperature-scaled, untruncated distribution (the quantity the train step
             recomputes); engine-appended tokens carry 0.0 and `forced` marks them.
         finish_reason: "stop" (a stop token) or "length" (max_tokens reached).
-        text: the decoded completion, special tokens kept.
+        text: the decoded completion, special tokens kept, except the stop token that ended it
+            (the response as servers return it; `token_ids` still holds the stop token).
         thinking: the think block's text, or None when there was none.
         answer: the text after the think block (all of `text` when there was none).
         forced: per token, True where the engine appended it (thinking budget).

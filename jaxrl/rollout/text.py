@@ -104,9 +104,12 @@ def make_completion(token_ids: Sequence[int], logprobs: Sequence[float], forced:
     """
     decode = decode or (lambda ids: "")
     thinking_ids, answer_ids = split_think(token_ids, opened, spec)
+    # The stop token ends the turn; it is not part of the response (SGLang and OpenAI servers leave it
+    # out of their text too). Kept, `<|im_end|>` right after a closing fence would unclose the code block.
+    stopped = finish_reason == "stop" and len(token_ids) > 0 and token_ids[-1] in spec.stop_ids
     return Completion(
         token_ids=tuple(int(t) for t in token_ids), logprobs=tuple(float(x) for x in logprobs),
-        finish_reason=finish_reason, text=decode(token_ids),
+        finish_reason=finish_reason, text=decode(token_ids[:-1] if stopped else token_ids),
         thinking=None if thinking_ids is None else decode(thinking_ids).strip("\n"),
         answer=decode(answer_ids).lstrip("\n"), forced=tuple(bool(f) for f in forced), budget_hit=any(forced))
 

@@ -1,0 +1,1 @@
+"""`precisecoder demo`: a CPU-scale reproduction of PreciseCoder vs GRPO on a micro debugging domain."""

@@ -1,0 +1,122 @@
+"""Supervised fine-tuning of the demo base policy: cross-entropy on completion tokens.
+
+Pairs are (prompt, target program) from `domain.sft_target`: the minimal fix,
+or with probability `rewrite_share` the over-editing rewrite, so the base
+policy both passes often and over-edits often. The loss is the mean negative
+log-likelihood of the completion tokens (the answer block and <|im_end|>),
+computed with the same chunked log-probs as the RL train step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl import losses
+from jaxrl.demo import domain, prompt
+from jaxrl.demo.tokenizer import DemoTokenizer
+from jaxrl.train_step import OptimizerConfig, make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """The SFT run.
+
+    Attributes:
+        steps: optimizer steps.
+        batch_size: sequences per step.
+        learning_rate: peak rate of the warm-up + cosine schedule.
+        warmup_steps: linear warm-up steps.
+        rewrite_share: share of targets that are the over-editing rewrite.
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    learning_rate: float = 5e-3
+    warmup_steps: int = 30
+    rewrite_share: float = 0.5
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0:
+            raise ValueError("steps, batch_size and learning_rate must be positive")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError("need 0 <= warmup_steps < steps")
+        if not 0 <= self.rewrite_share <= 1:
+            raise ValueError("rewrite_share must be in [0, 1]")
+
+
+def encode_pairs(tokenizer: DemoTokenizer, pairs: Sequence[tuple[list[dict[str, str]], str]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded token ids `[N, T]` of prompt + answer + <|im_end|>, and the mask of the answer part."""
+    rows, masks = [], []
+    for messages, completion in pairs:
+        p = tokenizer.encode(tokenizer.render_chat(messages))
+        c = tokenizer.encode(completion) + [tokenizer.eos_id]
+        rows.append(p + c)
+        masks.append([0] * len(p) + [1] * len(c))
+    t = max(map(len, rows))
+    tokens = np.full((len(rows), t), tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(rows), t), np.float32)
+    for i, (row, m) in enumerate(zip(rows, masks)):
+        tokens[i, :len(row)], mask[i, :len(m)] = row, m
+    return tokens, mask
+
+
+def sft_pairs(samples: Sequence[domain.Sample], rewrite_share: float, seed: int
+              ) -> tuple[list[tuple[list[dict[str, str]], str]], float]:
+    """The (messages, answer) pairs of `samples` and the share of rewrite targets that over-edit."""
+    rng = random.Random(f"sft-targets:{seed}")
+    pairs, over = [], 0
+    for s in samples:
+        target, rewrite = domain.sft_target(rng, s, rewrite_share)
+        over += rewrite and target != s.task.solution
+        pairs.append((prompt.task_messages(s.task), prompt.answer(target)))
+    return pairs, over / max(len(samples), 1)
+
+
+def nll(model: nnx.Module, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+    """Mean −log π(token) over the masked (completion) tokens."""
+    hidden_BxTxD = model(tokens_BxT, return_hidden=True)
+    logp_BxT, _ = losses.chunked_logprobs(hidden_BxTxD, model.lm_head_weight(), tokens_BxT,
+                                          chunk_size=tokens_BxT.shape[1])
+    return -(logp_BxT * mask_BxT).sum() / jnp.maximum(mask_BxT.sum(), 1.0)
+
+
+def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
+              on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train `model` in place on the pairs; returns the loss of every step.
+
+    Batches are drawn by a seeded permutation, epoch after epoch.
+    """
+    tx = make_optimizer(OptimizerConfig(
+        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, schedule="cosine",
+        total_steps=cfg.steps, min_lr_ratio=0.1, weight_decay=0.0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, tokens, mask):
+        loss, grads = jax.value_and_grad(lambda p: nll(nnx.merge(graphdef, p, rest), tokens, mask))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(seed)
+    n, order, pos, history = len(tokens_NxT), np.arange(0), 0, []
+    for i in range(cfg.steps):
+        if pos + cfg.batch_size > len(order):
+            order, pos = rng.permutation(n), 0
+        idx = order[pos:pos + cfg.batch_size]
+        pos += cfg.batch_size
+        params, opt_state, loss = step(params, opt_state, tokens_NxT[idx], mask_NxT[idx])
+        history.append(float(loss))
+        if on_step is not None:
+            on_step(i, history[-1])
+    nnx.update(model, params)
+    return history

@@ -1,0 +1,37 @@
+"""`precisecoder demo --small`: the whole pipeline on real components, tiny sizes; the three files."""
+
+import json
+
+import pytest
+
+from jaxrl import cli
+
+
+@pytest.mark.slow
+def test_demo_small_writes_report_results_and_curves(tmp_path):
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--small", "--steps", "2", "--sft-steps", "4", "--out", str(out), "--no-progress",
+                     "--with", "grpo_f1sum"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["methods"]) == {"base", "grpo", "precisecoder", "grpo_f1sum"}
+    for rows in results["methods"].values():
+        assert [set(r) for r in rows] == [{"seed", "pass", "precision", "recall", "lines", "noop", "damage"}]
+        assert all(0 <= r["pass"] <= 100 and 0 <= r["damage"] <= 100 for r in rows)
+    assert set(results["greedy"]) == set(results["methods"])
+    report = (out / "report.md").read_text()
+    assert "T = 1 sampling" in report and "Greedy decoding" in report and "PreciseCoder" in report
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    for method in ("grpo", "precisecoder", "grpo_f1sum"):
+        assert (out / "seed0" / "rl" / method / "checkpoints" / "2").is_dir()
+    # A second call with --resume reuses every finished part.
+    assert cli.main(["demo", "--small", "--steps", "2", "--sft-steps", "4", "--out", str(out), "--no-progress",
+                     "--with", "grpo_f1sum", "--resume"]) == 0
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    assert cli.main(["demo", "--seeds", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--seeds" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    assert cli.main(["demo", "--out", str(tmp_path / "full")]) == 2
+    assert "not empty" in capsys.readouterr().err
