@@ -214,8 +214,6 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         `{"rows": {method: {decoding: results row}}, "curves": {method: [...]}, "timing": {...},
         "coupling": {method: rep.coupling(...)}, "sft": {...}}`.
     """
-    from flax import nnx  # noqa: F401  (JAX starts here, not at import)
-
     import models
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
