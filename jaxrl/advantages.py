@@ -31,6 +31,9 @@ import jax.numpy as jnp
 
 Estimator = Callable[..., jax.Array]
 
+# EA-GRPO's accuracy gate α and penalty weight β (docs/reward.md, "Baseline rewards").
+EA_ALPHA, EA_BETA = 0.8, 0.05
+
 _ESTIMATORS: dict[str, Estimator] = {}
 _POSITIONAL = ("rewards_NxGxK", "weights_K", "lengths_NxG")
 
@@ -122,8 +125,8 @@ def gdpo(
 def ea_grpo_rewards(
     unit_NxG: jax.Array,
     edited_lines_NxG: jax.Array,
-    alpha: float = 0.8,
-    beta: float = 0.05,
+    alpha: float = EA_ALPHA,
+    beta: float = EA_BETA,
 ) -> jax.Array:
     """EA-GRPO reward: an edit-size penalty on passing rollouts, gated on group accuracy.
 
@@ -155,8 +158,10 @@ def grpo_clean_rows(
     """GRPO + clean rows: buggy rows use `unit` alone; clean rows also reward small edits.
 
     A_i = z(u)_i on a buggy row, A_i = z(u)_i + z(−ℓ)_i on a clean row, where
-    z(x)_i = (x_i − mean_j x_j) / (std_j x_j + ε) within the group. The ℓ of an
-    invalid rollout counts as the length of C (`reward.score.clean_row_terms`).
+    z(x)_i = (x_i − mean_j x_j) / (std_j x_j + ε) within the group.
+    `edited_lines_NxG` holds ℓ itself (≥ 0, as `reward.score.baseline_terms` gives
+    it, an invalid rollout counting as the length of C): this function alone
+    owns the minus sign, so on a clean row fewer edited lines means more advantage.
     """
     unit_adv_NxG = grpo(unit_NxG.astype(jnp.float32), eps)
     lines_adv_NxG = grpo(-edited_lines_NxG.astype(jnp.float32), eps)
@@ -216,16 +221,17 @@ def _gdpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, token_weight
 
 
 @register_estimator("ea_grpo")
-def _ea_grpo(rewards_NxGxK, weights_K, lengths_NxG, alpha: float = 0.8, beta: float = 0.05,
+def _ea_grpo(rewards_NxGxK, weights_K, lengths_NxG, alpha: float = EA_ALPHA, beta: float = EA_BETA,
              eps: float = 1e-6):
-    """EA-GRPO: terms are `[unit, edited_lines]`; the weights are not used."""
+    """EA-GRPO: terms are `[unit, edited_lines]` (`reward.score.baseline_terms`); the weights are not used."""
     rewards_NxG = ea_grpo_rewards(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], alpha, beta)
     return grpo(rewards_NxG, eps)
 
 
 @register_estimator("grpo_clean_rows")
 def _grpo_clean_rows(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6):
-    """GRPO + clean rows: terms are `[unit, edited_lines, is_clean]` (the flag constant per group)."""
+    """GRPO + clean rows: terms are `[unit, edited_lines, is_clean]`, ℓ ≥ 0 as `reward.score.baseline_terms`
+    gives it (the flag constant per group)."""
     return grpo_clean_rows(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], rewards_NxGxK[:, 0, 2] > 0, eps)
 
 

@@ -5,7 +5,11 @@ must fail (a clean task only needs its solution to pass); the exit code is 1
 when any task fails that check. With --predictions, each prediction's program
 (its `code`, or the program extracted from its `response`) runs against its
 task's tests. One JSON object per run goes to --out (or stdout):
-task_id, target (solution, buggy or prediction), passed, status, duration_s.
+task_id, target (solution, buggy or prediction), mode (how the tests ran:
+proxy, inprocess or io; see docs/sandbox.md), passed, status, reason,
+duration_s. `reason` says why a run did not pass (the exception, "timeout",
+"no closed code block", ...) and is null for a pass; the statuses are
+described in README.md and docs/reward.md.
 """
 
 from __future__ import annotations
@@ -15,47 +19,69 @@ import json
 import sys
 from collections import Counter
 
-from reward.extract import extract_program
+from reward.cli_args import megabytes, output_file_error, positive_int, seconds
+from reward.extract import missing_program_reason
 from reward.fleet import Fleet
-from reward.sandbox import Job, Limits
-from reward.schema import Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+from reward.sandbox import Job, Limits, RunResult, limits_for
+from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+from reward.score import program_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (REWARD_SPEC.md schema)")
+    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md and README.md)")
     parser.add_argument("--predictions", help="prediction JSONL file; omit to verify the task set itself")
     parser.add_argument("--out", help="write one JSON result per run here (default: stdout)")
-    parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
-    parser.add_argument("--timeout", type=float, default=5.0,
+    parser.add_argument("--think-opened", action="store_true",
+                        help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
+                             "response without </think> has no answer; a prediction's own think_opened wins")
+    parser.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
+    parser.add_argument("--timeout", type=seconds, default=Limits().timeout_s,
                         help="wall-clock seconds per run for tasks without timeout_s (default: 5)")
+    parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
+                        help="memory of a whole run in MiB for tasks without memory_mb (default: 1024)")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def plan_runs(tasks: list[Task], predictions: list[Prediction] | None,
-              timeout_s: float) -> tuple[list[dict], list[Job | None]]:
-    """The runs to make: one record and one job (None when there is no program) per run."""
-    limits = {t.task_id: Limits(timeout_s=t.timeout_s or timeout_s) for t in tasks}
+def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, default: Limits,
+              think_opened: bool = False) -> tuple[list[dict], list[Job | None]]:
+    """The runs to make: one record and one job (None when there is no program) per run.
+
+    A prediction without a program gets its record's `reason` already (why extraction failed).
+    """
+    limits = {t.task_id: limits_for(t, default) for t in tasks}
     records: list[dict] = []
     jobs: list[Job | None] = []
     if predictions is None:
         for task in tasks:
             targets = [("solution", task.solution)] + ([] if task.is_clean else [("buggy", task.buggy_code)])
             for target, program in targets:
-                records.append({"task_id": task.task_id, "target": target})
+                records.append({"task_id": task.task_id, "target": target, "mode": _mode(task)})
                 jobs.append(Job(program, task.tests, limits[task.task_id]))
         return records, jobs
     by_id = {t.task_id: t for t in tasks}
     for pred in predictions:
         task = by_id[pred.task_id]
-        program = pred.code if pred.code is not None else extract_program(pred.response or "")
-        records.append({"task_id": pred.task_id, "target": "prediction"})
+        program = program_of(pred, think_opened)
+        record = {"task_id": pred.task_id, "target": "prediction", "mode": _mode(task)}
+        if program is None:
+            opened = think_opened if pred.think_opened is None else pred.think_opened
+            record["reason"] = missing_program_reason(pred.response or "", opened)
+        records.append(record)
         jobs.append(None if program is None else Job(program, task.tests, limits[task.task_id]))
     return records, jobs
 
 
+def _mode(task: Task) -> str:
+    return Job("", task.tests).mode
+
+
 def main(args: argparse.Namespace) -> int:
+    problem = output_file_error(args.out)
+    if problem:
+        print(f"error: --out {problem}", file=sys.stderr)
+        return 2
     try:
         tasks = load_tasks(args.tasks)
         predictions = load_predictions(args.predictions) if args.predictions else None
@@ -69,21 +95,58 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {args.predictions}: predictions for unknown tasks: {', '.join(unknown[:5])}"
                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""), file=sys.stderr)
             return 2
-    records, jobs = plan_runs(tasks, predictions, args.timeout)
+    records, jobs = plan_runs(tasks, predictions, Limits(timeout_s=args.timeout, memory_mb=args.memory_mb),
+                              args.think_opened)
     runnable = [i for i, job in enumerate(jobs) if job is not None]
     with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
         results = fleet.run([jobs[i] for i in runnable], progress=False if args.no_progress else "check")
     for i, result in zip(runnable, results):
-        records[i].update(passed=result.passed, status=result.status, duration_s=round(result.duration_s, 4))
+        records[i].update(passed=result.passed, status=result.status,
+                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests)),
+                          duration_s=round(result.duration_s, 4))
     for record, job in zip(records, jobs):
         if job is None:
-            record.update(passed=False, status="invalid", duration_s=0.0)
+            record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
     if args.out:
         write_jsonl(args.out, records)
     else:
         for record in records:
             print(json.dumps(record))
     return _summarize(records, verifying=predictions is None)
+
+
+def failure_reason(result: RunResult, io: bool) -> str | None:
+    """Why a run did not pass, from its status and the stderr excerpt; None for a pass.
+
+    An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
+    defined"); a run that raised nothing says what happened instead (exited before the tests
+    finished, wrong output, ...).
+    """
+    if result.status == "pass":
+        return None
+    if result.status == "timeout":
+        return "timeout"
+    if result.status == "oom":
+        return "out of memory"
+    if result.status == "killed":
+        return "killed by a signal"
+    exception = last_exception(result.stderr)
+    if exception is not None:
+        return exception
+    if result.stderr.rstrip().endswith("more bytes]"):
+        return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
+    if io:
+        return "wrong output" if result.status == "fail" else "nonzero exit status"
+    return "exited before the tests finished"
+
+
+def last_exception(stderr: str, limit: int = 200) -> str | None:
+    """The exception line ("Type: message") of the last traceback in a stderr text, or None."""
+    _, found, tail = stderr.rpartition("Traceback (most recent call last):")
+    if not found:
+        return None
+    line = next((line for line in tail.split("\n")[1:] if line and not line[0].isspace()), None)
+    return None if line is None else line[:limit]
 
 
 def _summarize(records: list[dict], verifying: bool) -> int:

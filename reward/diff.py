@@ -1,11 +1,12 @@
-"""Line diffs, edits and blocks of REWARD_SPEC.md ("Lines, edits and blocks").
+"""Line diffs, edits and blocks (docs/reward.md, "Lines, edits and blocks").
 
 Programs are compared on their non-blank lines (trailing whitespace stripped),
 each keeping its 1-based line number in its own program. Every non-equal
-opcode of `difflib.SequenceMatcher` becomes one `Block` of line edits; a
-`replace` opcode pairs lines into `modify` edits by the optimal monotone
-pairing (exact `Fraction` sums of `SequenceMatcher.ratio`, ties to the
-lexicographically smallest pairing).
+opcode of `difflib.SequenceMatcher` becomes line edits; a `replace` opcode
+pairs lines into `modify` edits by the optimal monotone pairing (exact
+`Fraction` sums of `SequenceMatcher.ratio`, ties to the lexicographically
+smallest pairing). An opcode's edits form one `Block`, split wherever a blank
+line of C lies between the positions of two consecutive edits.
 
 Choices the spec leaves open: `apply` writes a modified or inserted line with
 P's own text (indentation and trailing whitespace as written in P) and keeps
@@ -17,6 +18,7 @@ because blocks whose spans overlap always align).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 from collections.abc import Iterable, Sequence
@@ -130,6 +132,7 @@ def pair_lines(removed: Sequence[str], added: Sequence[str]) -> list[tuple[int, 
 def diff(c: str, p: str) -> list[Block]:
     """The blocks of diff(C, P), in C order."""
     c_lines, p_lines = nonblank_lines(c), nonblank_lines(p)
+    blank = [n for n, text in enumerate(split_lines(c), start=1) if not text]
     p_raw = p.split("\n")
     matcher = difflib.SequenceMatcher(None, [t for _, t in c_lines], [t for _, t in p_lines], autojunk=False)
     blocks = []
@@ -155,8 +158,24 @@ def diff(c: str, p: str) -> list[Block]:
             else:
                 edits.append(Edit(INSERT, anchor, None, new, p_raw[m - 1]))
         edits.sort(key=lambda e: e.position)  # stable: inserts at one place keep their order
-        blocks.append(Block(tuple(edits)))
+        blocks.extend(Block(part) for part in split_at_blank_lines(edits, blank))
     return blocks
+
+
+def split_at_blank_lines(edits: Sequence[Edit], blank: Sequence[int]) -> list[tuple[Edit, ...]]:
+    """Cut edits (in position order) wherever a blank C line (sorted numbers) lies between two consecutive ones."""
+    parts: list[list[Edit]] = []
+    for edit in edits:
+        if not parts or _blank_between(blank, parts[-1][-1].position, edit.position):
+            parts.append([])
+        parts[-1].append(edit)
+    return [tuple(part) for part in parts]
+
+
+def _blank_between(blank: Sequence[int], a: float, b: float) -> bool:
+    """Whether some blank line number (sorted) lies strictly between positions a and b."""
+    k = bisect.bisect_right(blank, a)
+    return k < len(blank) and blank[k] < b
 
 
 def edits_of(blocks: Iterable[Block]) -> list[Edit]:

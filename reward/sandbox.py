@@ -1,31 +1,46 @@
-"""Run untrusted Python programs with their tests in an isolated sandbox.
+"""Run untrusted Python programs against their tests, with the verdict decided outside the program.
 
-A `SandboxWorker` is one long-lived, pre-warmed Python server
-(`reward/sandbox_server.py`) running inside bubblewrap: new pid, network, ipc,
-uts and mount namespaces, a read-only view of only the interpreter and the
-system libraries (no task files, no working tree, no home directories, no
-site-packages), a private tmpfs, a scrubbed environment and, when we are root,
-a dedicated unprivileged uid per worker so process limits cannot be shared.
-The server then owns a user namespace, which lets each run fork into fresh pid
-and mount namespaces of its own (see the server's docstring): runs never see
-each other's files, memory or processes, and a run's whole process tree dies
-with it. The fork from a warm interpreter is what makes a run cost a few
-milliseconds instead of a fresh interpreter's tens.
+A `SandboxWorker` holds two long-lived sandboxes, each a pre-warmed bare
+interpreter inside bubblewrap (new pid, network, ipc, uts and mount namespaces;
+a read-only view of only the interpreter and the system libraries, every
+site-packages and dist-packages directory hidden; a scrubbed environment; as
+root, a dedicated unprivileged uid each):
 
-Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"`
-runs the same server without namespaces (rlimits and process-group kill
-only) and warns loudly: use it only on programs you trust.
+- the program sandbox runs a zygote (`reward/sandbox_server.py`) that never
+  reads a request: per run it forks a process in fresh user, pid, mount and IPC
+  namespaces with a new session keyring, which this host process places in the
+  worker's cgroup (memory and pids limits for the whole run) before sending it
+  the program. That process never holds the tests, the expected output or the
+  verdict;
+- the judge sandbox (`reward/sandbox_judge.py`) runs `assert` tests in a fresh
+  process whose view of the program is proxies: calls cross as plain data
+  (`reward/sandbox_codec.py`) over a socket between the two sandboxes.
+
+`io` runs are scripts whose stdout lands in a memfd that this process reads and
+compares. Tasks whose tests need more than plain data (`AssertTests.mode ==
+"inprocess"`) run program and tests in one process, as before this design: that
+verdict can be forged, and `data build` keeps such tasks out of training sets.
+
+Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
+the same servers without namespaces and warns loudly: use it only on programs
+you trust. See docs/sandbox.md for the threat model.
 """
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 import fcntl
+import glob
 import hashlib
 import json
+import math
 import os
-import select
+import selectors
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,24 +48,36 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Literal
 
-from reward.schema import AssertTests, IOTests, Tests, tests_to_json
+from reward.cgroups import RunCgroup
+from reward.sandbox_codec import CodecError, recv_frame, send_frame
+from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
 
-SERVER_SOURCE = (Path(__file__).parent / "sandbox_server.py").read_text()
-# Real uids handed to sandbox workers when running as root (one per live worker). Far above
-# the ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks),
-# so no other process shares a worker's uid or its process count.
+_HERE = Path(__file__).parent
+CODEC_SOURCE = (_HERE / "sandbox_codec.py").read_text()
+SPARES_SOURCE = CODEC_SOURCE + "\n" + (_HERE / "sandbox_spares.py").read_text()
+ZYGOTE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_server.py").read_text()
+JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
+# Real uids handed to sandboxes when running as root (two per live worker). Far above the
+# ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks), so
+# no other process shares a sandbox's uid or its process count.
 UID_BASE, UID_COUNT = 2_100_000_000, 1000
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "precisecoder-sandbox-uids"
+EXCERPT = 2048
+STARTUP_S = 30.0
+GRACE_S = 10.0  # how long a killed run may take to be reported before the worker counts as dead
+MAX_TIMEOUT_S = 86_400.0
+MAX_MEMORY_MB = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Resource limits of one test run (REWARD_SPEC: 5 s wall clock, >= 1 GiB memory)."""
+    """Resource limits of one test run (defaults: 5 s wall clock, 1 GiB for the whole run; docs/sandbox.md)."""
 
     timeout_s: float = 5.0
     memory_mb: int = 1024
@@ -60,11 +87,19 @@ class Limits:
     tmp_mb: int = 64
 
     def __post_init__(self):
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout_s must be a finite number in (0, {MAX_TIMEOUT_S:g}], got {t!r}")
         for name in ("memory_mb", "max_processes", "max_file_mb", "max_open_files", "tmp_mb"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_MEMORY_MB:
+                raise ValueError(f"{name} must be an integer in [1, {MAX_MEMORY_MB}], got {v!r}")
+
+
+def limits_for(task: Task, default: Limits) -> Limits:
+    """`default` with the task's own `timeout_s` and `memory_mb` where it sets them."""
+    changes = {k: v for k, v in (("timeout_s", task.timeout_s), ("memory_mb", task.memory_mb)) if v is not None}
+    return dataclasses.replace(default, **changes) if changes else default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,24 +113,18 @@ class Job:
     def key(self) -> str:
         """Content address of the run: identical keys give identical verdicts."""
         blob = json.dumps([self.program, tests_to_json(self.tests), dataclasses.asdict(self.limits)],
-                          sort_keys=True, ensure_ascii=False)
+                          sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    def request(self) -> dict:
-        """The wire form the sandbox server reads."""
-        req = {"program": self.program, "limits": dataclasses.asdict(self.limits)}
-        if isinstance(self.tests, AssertTests):
-            req.update(kind="assert", tests=self.tests.code)
-        elif isinstance(self.tests, IOTests):
-            req.update(kind="io", cases=[[c.stdin, c.stdout] for c in self.tests.cases])
-        else:
-            raise TypeError(f"unknown tests type {type(self.tests).__name__}")
-        return req
+    @property
+    def mode(self) -> str:
+        """How the tests run: `proxy` or `inprocess` (assert tests), or `io`."""
+        return self.tests.mode if isinstance(self.tests, AssertTests) else "io"
 
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """Outcome of one run; `passed` is decided by the harness, never by the program."""
+    """Outcome of one run; `passed` is decided outside the program's process (except `inprocess`)."""
 
     passed: bool
     status: Status
@@ -114,12 +143,24 @@ def _interpreter() -> tuple[str, str]:
     return exe, os.path.realpath(sys.base_prefix)
 
 
-def _bwrap_command(uid: int | None) -> list[str]:
+def package_dirs(roots: list[str]) -> list[str]:
+    """Every site-packages and dist-packages directory under the trees the sandbox can see."""
+    found = set()
+    for root in roots:
+        for pattern in ("lib*/python*/*-packages", "local/lib*/python*/*-packages", "lib/python3/dist-packages",
+                        "share/python*/*-packages"):
+            for path in glob.glob(os.path.join(root, pattern)):
+                if path.endswith(("site-packages", "dist-packages")) and os.path.isdir(path):
+                    found.add(os.path.realpath(path))
+    return sorted(found)
+
+
+def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
     """bubblewrap arguments exposing only the interpreter and system libraries, read-only.
 
     No --die-with-parent: its parent-death signal fires when the *thread* that
-    started bwrap exits. The server exits on its own when its stdin closes,
-    which happens when the owning process dies, and bwrap's namespace with it.
+    started bwrap exits. The servers exit on their own when their control socket
+    closes, which happens when the owning process dies, and bwrap's namespace with them.
     """
     exe, prefix = _interpreter()
     cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -138,15 +179,13 @@ def _bwrap_command(uid: int | None) -> list[str]:
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     if not prefix.startswith("/usr/"):
         cmd += ["--ro-bind", prefix, prefix]
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for site in (Path(prefix) / "lib" / version / "site-packages", Path(prefix) / "local" / "lib" / version / "dist-packages"):
-        if site.is_dir():
-            cmd += ["--tmpfs", str(site)]
+    for site in package_dirs(["/usr", prefix]):
+        cmd += ["--tmpfs", site, "--remount-ro", site]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
-    return cmd + [exe, "-I", "-S", "-c", SERVER_SOURCE, "isolated", str(_processes_of_uid(uid))]
+    return cmd + [exe, "-I", "-S", "-c", source, *args]
 
 
 def _processes_of_uid(uid: int | None) -> int:
@@ -169,11 +208,11 @@ def _processes_of_uid(uid: int | None) -> int:
 
 
 class _UidLease:
-    """An exclusive claim on one sandbox uid, held through a lock file while the worker lives."""
+    """An exclusive claim on one sandbox uid, held through a lock file while the sandbox lives."""
 
     def __init__(self):
         UID_LOCK_DIR.mkdir(parents=True, exist_ok=True)
-        start = os.getpid() % UID_COUNT
+        start = (os.getpid() * 7 + threading.get_ident()) % UID_COUNT
         for i in range(UID_COUNT):
             uid = UID_BASE + (start + i) % UID_COUNT
             f = open(UID_LOCK_DIR / f"{uid}.lock", "w")
@@ -224,115 +263,510 @@ def _probe_bwrap() -> str | None:
         return str(e)
     try:
         result = worker.run(Job("x = 1", AssertTests("assert x == 1")))
+    except (OSError, RuntimeError) as e:
+        return str(e)
     finally:
         worker.close()
     return None if result.passed else f"probe run failed: {result.status} {result.stderr[-300:]}"
 
 
-class SandboxWorker:
-    """One sandboxed run server; `run` is not thread-safe (one job at a time per worker)."""
+_cgroup_warned = threading.Event()
 
-    def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap"):
-        self.isolation = isolation
-        self._lease = _UidLease() if isolation == "bwrap" and os.geteuid() == 0 else None
-        if isolation == "bwrap":
-            cmd = _bwrap_command(self._lease.uid if self._lease else None)
-        else:
-            exe, _ = _interpreter()
-            cmd = [exe, "-I", "-S", "-c", SERVER_SOURCE, "rlimits", str(_processes_of_uid(None))]
-        self._pending = b""
+
+def _warn_no_cgroup() -> None:
+    if not _cgroup_warned.is_set():
+        _cgroup_warned.set()
+        warnings.warn("no writable cgroup (v1 memory+pids or v2): memory and process limits hold per process "
+                      "only, not per run (see docs/sandbox.md)", RuntimeWarning, stacklevel=3)
+
+
+class WorkerDied(RuntimeError):
+    """A sandbox server crashed, was killed, or stopped answering."""
+
+
+class _Server:
+    """One sandboxed server process and its SOCK_SEQPACKET control socket."""
+
+    def __init__(self, source: str, isolation: str, role: str):
+        self.lease = _UidLease() if isolation == "bwrap" and os.geteuid() == 0 else None
+        uid = self.lease.uid if self.lease else None
+        host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.control = host_end
+        self.spares: collections.deque[tuple[int, socket.socket, object]] = collections.deque()
+        self.on_spare: Callable[[socket.socket], object] | None = None  # prepares a spare as it arrives
+        self.exits: dict[int, tuple[int | None, int | None]] = {}
+        args = [str(server_end.fileno()), "isolated" if isolation == "bwrap" else "rlimits",
+                str(_processes_of_uid(uid))]
+        exe, _ = _interpreter()
         info_r, info_w = os.pipe()
         if isolation == "bwrap":
+            cmd = _bwrap_command(uid, source, args)
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
+        else:
+            cmd = [exe, "-I", "-S", "-c", source, *args]
+        self.sandbox_pid: int | None = None
+        self._errors = tempfile.TemporaryFile()  # the server's own stderr: read only if it fails to start
         try:
-            self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, pass_fds=(info_w,),
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._errors,
+                start_new_session=True, pass_fds=(info_w, server_end.fileno()),
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if isolation == "rlimits" else None,
-                cwd=tempfile.gettempdir(), bufsize=0)
-        finally:
-            os.close(info_w)
-        hello = self._readline(timeout_s=30)
-        if hello is None or not hello.get("ready"):
-            os.close(info_r)
-            err = self._drain_stderr()
+                cwd=tempfile.gettempdir())
+        except OSError:
+            for fd in (info_r, info_w):
+                os.close(fd)
+            server_end.close()
             self.close()
-            raise RuntimeError(f"sandbox server did not start: {err.strip()[-500:]}")
-        # Host pid of the sandbox's pid 1: killing it ends every process in the sandbox.
-        self.sandbox_pid = self._proc.pid
+            raise
+        os.close(info_w)
+        server_end.close()
+        hello = self.receive(STARTUP_S)
+        if hello is None or hello.get("op") != "ready":
+            os.close(info_r)
+            err = self._stderr()
+            self.close()
+            raise RuntimeError(f"sandbox {role} did not start: {err.strip()[-500:]}")
+        self.sandbox_pid = self.proc.pid
         if isolation == "bwrap":
             with os.fdopen(info_r) as info:
                 self.sandbox_pid = json.loads(info.read())["child-pid"]
         else:
             os.close(info_r)
 
-    @property
-    def uid(self) -> int | None:
-        return self._lease.uid if self._lease else None
-
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
-    def _readline(self, timeout_s: float) -> dict | None:
-        """One reply line, or None if the server died or stayed silent past the timeout."""
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._pending:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(fd, 1 << 16) if ready else b""
-            if not chunk:
-                return None
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
+    def _stderr(self) -> str:
         try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            return None
-
-    def _drain_stderr(self) -> str:
-        try:
-            self._proc.kill()
-            return (self._proc.stderr.read() or b"").decode("utf-8", "replace")
-        except (OSError, ValueError):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            self._errors.seek(0)
+            return self._errors.read(1 << 16).decode("utf-8", "replace")
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             return ""
 
-    def run(self, job: Job) -> RunResult:
-        """Run one job; raises `WorkerDied` if the server is gone or stops answering."""
-        if not self.alive():
-            raise WorkerDied("sandbox server is not running")
+    def take(self) -> tuple[int, socket.socket, object]:
+        """A spare process (its pid in the server's namespace, our socket to it, what `on_spare` returned).
+
+        Asks the server for the next one."""
+        deadline = time.monotonic() + STARTUP_S
+        while not self.spares:
+            if not self.pump(deadline - time.monotonic()):
+                raise WorkerDied("sandbox server made no spare process")
+        spare = self.spares.popleft()
+        self.send({"op": "more"})
+        return spare
+
+    def pump(self, timeout_s: float) -> bool:
+        """Read one control message (a spare or an exit status) within the timeout; False if none came."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.control, selectors.EVENT_READ)
         try:
-            self._proc.stdin.write((json.dumps(job.request()) + "\n").encode())
-        except (BrokenPipeError, OSError) as e:
-            raise WorkerDied(f"sandbox server pipe broken: {e}") from None
-        cases = len(job.tests.cases) if isinstance(job.tests, IOTests) else 1
-        reply = self._readline(timeout_s=cases * job.limits.timeout_s + 10)
-        if reply is None:
-            self.close()
-            raise WorkerDied("sandbox server died or hung during a run")
-        return RunResult(passed=reply["status"] == "pass", status=reply["status"],
-                         duration_s=reply["duration_s"], stdout=reply["stdout"], stderr=reply["stderr"])
+            if not sel.select(max(0.0, timeout_s)):
+                return False
+        finally:
+            sel.close()
+        try:
+            data, fds, _, _ = socket.recv_fds(self.control, 1 << 16, 1)
+        except OSError as e:
+            raise WorkerDied(f"sandbox server gone: {e}") from None
+        if not data:
+            raise WorkerDied("sandbox server closed its control socket")
+        msg = json.loads(data)
+        if msg.get("op") == "spare" and fds:
+            sock = socket.socket(fileno=fds[0])
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            self.spares.append((msg["pid"], sock, self.on_spare(sock) if self.on_spare else None))
+        else:
+            for fd in fds:
+                os.close(fd)
+            if msg.get("op") == "exit":
+                self.exits[msg["pid"]] = (msg.get("exit"), msg.get("signal"))
+        return True
+
+    def send(self, msg: dict, fds: list[int] = ()) -> None:
+        try:
+            socket.send_fds(self.control, [json.dumps(msg).encode()], list(fds))
+        except OSError as e:
+            raise WorkerDied(f"sandbox server gone: {e}") from None
+
+    def receive(self, timeout_s: float) -> dict | None:
+        """One control message, or None if the server died or stayed silent past the timeout."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.control, selectors.EVENT_READ)
+        try:
+            if not sel.select(max(0.0, timeout_s)):
+                return None
+        finally:
+            sel.close()
+        try:
+            data = self.control.recv(1 << 16)
+        except OSError:
+            return None
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None if hasattr(self, "proc") else False
 
     def close(self) -> None:
         """Kill the whole sandbox (its pid 1, hence every process in it) and release the uid."""
-        for pid, kill in ((getattr(self, "sandbox_pid", None), os.kill), (self._proc.pid, os.killpg)):
+        proc = getattr(self, "proc", None)
+        for pid, kill in ((self.sandbox_pid, os.kill), (proc.pid if proc else None, os.killpg)):
             if pid is not None:
                 try:
-                    kill(pid, 9)
+                    kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+        if proc is not None:
             try:
-                stream.close()
-            except (OSError, ValueError):
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 pass
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        self._errors.close()
+        self.control.close()
+        for _, sock, _ in self.spares:
+            sock.close()
+        self.spares.clear()
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
-class WorkerDied(RuntimeError):
-    """The sandbox server crashed, was killed, or stopped answering."""
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    if data:
+        os.write(fd, data) if len(data) < (1 << 20) else _write_all(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_fd(fd: int, limit: int | None = None) -> bytes:
+    size = os.fstat(fd).st_size
+    want = size if limit is None else min(size, limit)
+    chunks, offset = [], 0
+    while offset < want:
+        chunk = os.pread(fd, min(want - offset, 1 << 20), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _excerpt(fd: int) -> str:
+    size = os.fstat(fd).st_size
+    text = _read_fd(fd, EXCERPT).decode("utf-8", "replace")
+    return text + (f"\n... [{size - EXCERPT} more bytes]" if size > EXCERPT else "")
+
+
+def normalize(text: str) -> list[str]:
+    """Lines with trailing whitespace stripped and blank lines at the end removed."""
+    lines = [line.rstrip() for line in text.split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _recv_hello(sock: socket.socket) -> int | None:
+    """Read a spare's hello frame; returns its pid as the kernel reports it to us (not as it claims)."""
+    sock.settimeout(STARTUP_S)
+    try:
+        data, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(12))
+    except TimeoutError:
+        raise WorkerDied("a spare process did not say hello") from None
+    finally:
+        sock.settimeout(None)
+    if not data:
+        return None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return array.array("i", payload[:12])[0]
+    return None
+
+
+@dataclasses.dataclass
+class _Outcome:
+    exit: int | None = None
+    signal: int | None = None
+    exited: bool = False
+    timed_out: bool = False
+    judge: dict | None = None
+    done: bool = False
+    duration_s: float = 0.0
+    stdout: bytes = b""
+    stderr: str = ""
+    oom: bool = False
+
+
+class SandboxWorker:
+    """A program sandbox, a judge sandbox and a cgroup; `run` is not thread-safe (one job at a time)."""
+
+    def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True):
+        self.isolation = isolation
+        self._program: _Server | None = None
+        self._judge: _Server | None = None
+        # Two cgroups used in turn: the next run's spare waits in one while a run uses the other,
+        # so placing a process in its cgroup (slow on cgroup v1) happens off a run's critical path.
+        self._groups: list[RunCgroup] = []
+        self._next_group = 0
+        self._group_limits: dict[int, tuple[int, int]] = {}
+        try:
+            self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote")
+            self._judge = _Server(JUDGE_SOURCE, isolation, "judge")
+            self._program.on_spare = self._adopt
+            if cgroup:
+                for i in range(2):
+                    group = RunCgroup.create(f"precisecoder-{os.getpid()}-{id(self):x}-{i}")
+                    if group is None:
+                        break
+                    self._groups.append(group)
+                if len(self._groups) < 2:
+                    for group in self._groups:
+                        group.remove()
+                    self._groups = []
+                    _warn_no_cgroup()
+        except BaseException:
+            self.close()
+            raise
+        self.sandbox_pid = self._program.sandbox_pid
+
+    @property
+    def uid(self) -> int | None:
+        """The program sandbox's uid (root only)."""
+        return self._program.lease.uid if self._program and self._program.lease else None
+
+    @property
+    def uids(self) -> list[int]:
+        """Uids of both sandboxes (root only)."""
+        return [s.lease.uid for s in (self._program, self._judge) if s is not None and s.lease is not None]
+
+    @property
+    def cgroup_version(self) -> int | None:
+        return self._groups[0].version if self._groups else None
+
+    def alive(self) -> bool:
+        return bool(self._program and self._judge and self._program.alive() and self._judge.alive())
+
+    def run(self, job: Job) -> RunResult:
+        """Run one job; raises `WorkerDied` if a server is gone or stops answering."""
+        if not self.alive():
+            raise WorkerDied("sandbox server is not running")
+        if isinstance(job.tests, IOTests):
+            total = 0.0
+            for case in job.tests.cases:
+                out = self._one(job, "io", case.stdin)
+                total += out.duration_s
+                text = out.stdout.decode("utf-8", "replace")
+                ok = out.exited and out.exit == 0 and normalize(text) == normalize(case.stdout)
+                status = _classify(out, ok, "io")
+                if status != "pass":
+                    break
+            return RunResult(status == "pass", status, total, _excerpt_text(out.stdout), out.stderr)
+        mode = job.tests.mode
+        out = self._one(job, mode, "")
+        if mode == "proxy":
+            ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"
+        else:
+            ok = out.done and out.exited and out.exit == 0
+        status = _classify(out, ok, mode)
+        stderr = out.stderr
+        if out.judge is not None and out.judge.get("detail"):
+            stderr = (stderr + "\n" if stderr else "") + "[tests] " + str(out.judge["detail"])[-EXCERPT:]
+        return RunResult(status == "pass", status, out.duration_s, _excerpt_text(out.stdout), stderr)
+
+    def _one(self, job: Job, mode: str, stdin: str) -> _Outcome:
+        """One run process (and, in proxy mode, one test process) from start to verdict inputs."""
+        limits = job.limits
+        owned: list = []
+        try:
+            local_pid, host, (pid, group) = self._program.take()
+            owned.append(host)
+            pidfd = os.pidfd_open(pid)
+            owned.append(pidfd)
+            if group is not None:
+                wanted = (limits.memory_mb, limits.max_processes)
+                if self._group_limits.get(id(group)) != wanted:
+                    group.set_limits(*wanted)
+                    self._group_limits[id(group)] = wanted
+                oom_before = group.oom_kills()
+            stdout_fd, stderr_fd = _memfd("stdout"), _memfd("stderr")
+            stdin_fd = _memfd("stdin", stdin.encode("utf-8", "surrogatepass"))
+            owned += [stdout_fd, stderr_fd, stdin_fd]
+            fds = {"stdin": stdin_fd, "stdout": stdout_fd, "stderr": stderr_fd}
+            judge = None
+            if mode == "proxy":
+                call_program, call_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                owned += [call_program, call_judge]
+                fds["judge"] = call_program.fileno()
+                _, judge_sock, _ = self._judge.take()
+                owned.append(judge_sock)
+                judge_pidfd = os.pidfd_open(_recv_hello(judge_sock))
+                owned.append(judge_pidfd)
+                tests_fd = _memfd("tests", job.tests.code.encode("utf-8", "surrogatepass"))
+                owned.append(tests_fd)
+                socket.send_fds(judge_sock, [b"F"], [call_judge.fileno(), tests_fd])
+                send_frame(judge_sock, {"op": "tests", "limits": dataclasses.asdict(limits)})
+                judge = (judge_sock, judge_pidfd)
+            socket.send_fds(host, [b"F"], list(fds.values()))
+            job_msg = {"op": "job", "mode": mode, "fds": list(fds), "program": job.program,
+                       "limits": dataclasses.asdict(limits)}
+            if mode == "inprocess":
+                job_msg["tests"] = job.tests.code
+            if mode == "proxy":
+                call_program.close()
+                call_judge.close()
+            try:
+                send_frame(host, job_msg)
+            except OSError:
+                pass  # it died already: its exit report follows
+            out = self._wait(mode, local_pid, host, pid, pidfd, judge, group, limits.timeout_s)
+            out.stdout = _read_fd(stdout_fd)
+            out.stderr = _excerpt(stderr_fd)
+            if group is not None:
+                out.oom = group.oom_kills() > oom_before
+            return out
+        except (OSError, CodecError, TypeError, ValueError) as e:
+            self.close()
+            raise WorkerDied(f"sandbox run failed: {type(e).__name__}: {e}") from None
+        finally:
+            for item in owned:
+                _close(item)
+
+    def _adopt(self, sock: socket.socket) -> tuple[int, RunCgroup | None]:
+        """A new spare run process: its pid (from the kernel) and the cgroup it now waits in."""
+        pid = _recv_hello(sock)
+        if pid is None:
+            raise WorkerDied("a spare run process died before saying hello")
+        group = None
+        if self._groups:
+            group = self._groups[self._next_group]
+            self._next_group = 1 - self._next_group
+            group.add(pid)
+        return pid, group
+
+    def _wait(self, mode: str, local_pid: int, host: socket.socket, pid: int, pidfd: int,
+              judge: tuple[socket.socket, int] | None, group: RunCgroup | None, timeout_s: float) -> _Outcome:
+        """Wait for the run's end (and the judge's outcome) or its deadline; kill it at the deadline."""
+        out = _Outcome()
+        sel = selectors.DefaultSelector()
+        program, judge_server = self._program, self._judge
+        sel.register(program.control, selectors.EVENT_READ, "program")
+        sel.register(judge_server.control, selectors.EVENT_READ, "judge_server")
+        if mode == "inprocess":
+            sel.register(host, selectors.EVENT_READ, "host")
+        if judge is not None:
+            sel.register(judge[0], selectors.EVENT_READ, "judge")
+        start = time.monotonic()
+        deadline, killed = start + timeout_s, False
+        try:
+            while True:
+                if local_pid in program.exits and not out.exited:
+                    out.exited = True
+                    out.exit, out.signal = program.exits.pop(local_pid)
+                    out.duration_s = time.monotonic() - start
+                if out.exited and (judge is None or out.judge is not None):
+                    break
+                now = time.monotonic()
+                if now >= deadline:
+                    if killed:
+                        raise WorkerDied("sandbox run did not report its end")
+                    out.timed_out = killed = True
+                    self._kill(pid, pidfd, judge, group)
+                    deadline = now + GRACE_S
+                    continue
+                for key, _ in sel.select(deadline - now):
+                    if key.data == "program":
+                        program.pump(0)
+                    elif key.data == "judge_server":
+                        judge_server.pump(0)
+                        judge_server.exits.clear()
+                    elif key.data == "host":
+                        try:
+                            msg = recv_frame(host)
+                            out.done = out.done or msg.get("op") == "done"
+                        except (EOFError, OSError, CodecError):
+                            sel.unregister(host)
+                    elif key.data == "judge":
+                        try:
+                            out.judge = recv_frame(judge[0])
+                        except (EOFError, OSError, CodecError):
+                            out.judge = {"outcome": "killed", "detail": "the test process ended without an outcome"}
+                        sel.unregister(judge[0])
+                        if out.judge.get("outcome") != "pass" and not out.exited and not killed:
+                            self._kill(pid, pidfd, None, group)
+                            killed, deadline = True, time.monotonic() + GRACE_S
+            if self.isolation == "rlimits":
+                _killpg(pid)
+            if group is not None:
+                group.kill_all()
+            return out
+        finally:
+            sel.close()
+
+    def _kill(self, pid: int, pidfd: int, judge: tuple[socket.socket, int] | None, group: RunCgroup | None) -> None:
+        """End the run: its namespace's pid 1 (hence all of it), its cgroup, its process group, its test."""
+        for fd in (pidfd, judge[1] if judge else None):
+            if fd is not None:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self.isolation == "rlimits":
+            _killpg(pid)
+        if group is not None:
+            group.kill_all(wait_s=0.0)
+
+    def close(self) -> None:
+        """Kill both sandboxes, remove the cgroup, release the uids."""
+        for server in (self._program, self._judge):
+            if server is not None:
+                server.close()
+        self._program = self._judge = None
+        for group in self._groups:
+            group.remove()
+        self._groups = []
+
+
+def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
+    """Map a finished run to pass, fail, error, timeout, oom or killed."""
+    if out.timed_out or out.signal == signal.SIGXCPU:
+        return "timeout"
+    if ok:
+        return "pass"
+    judge_detail = str((out.judge or {}).get("detail", ""))
+    if out.oom or "MemoryError" in out.stderr[-600:] or "MemoryError" in judge_detail[-600:]:
+        return "oom"
+    if out.signal is not None and out.signal != signal.SIGKILL or (out.signal == signal.SIGKILL and out.judge is None):
+        return "killed"
+    if mode == "proxy":
+        return "fail" if (out.judge or {}).get("outcome") == "fail" else "error"
+    if mode == "inprocess":
+        return "fail" if out.exit == 3 else "error"
+    return "error" if out.exit != 0 else "fail"
+
+
+def _excerpt_text(data: bytes) -> str:
+    text = data[:EXCERPT].decode("utf-8", "replace")
+    return text + (f"\n... [{len(data) - EXCERPT} more bytes]" if len(data) > EXCERPT else "")
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _close(item) -> None:
+    try:
+        item.close() if hasattr(item, "close") else os.close(item)
+    except OSError:
+        pass

@@ -1,29 +1,35 @@
-"""The pre-warmed run server that lives inside one sandbox worker.
+"""The zygote that forks run processes inside a program sandbox, and the run process itself.
 
-Stdlib only: its source is handed to a bare interpreter (`python -I -S -c`)
-inside the sandbox, so it can import nothing from this project. It reads one
-JSON request per line on stdin and answers one JSON line on stdout.
+Stdlib only: `reward/sandbox_codec.py` followed by this source is handed to a
+bare interpreter (`python -I -S -c`) inside the sandbox.
 
-Per run it forks a child that enters fresh pid and mount namespaces (when the
-server owns a user namespace), mounts private tmpfs on /tmp and /dev/shm and an
-empty one on /proc, drops every capability, applies the rlimits and becomes pid 1 of
-its namespace; when it exits or is killed, the kernel kills everything it
-started. The verdict of an `assert` run is a random token that the harness
-relays only after the test code returned and the interpreter shut down.
+The zygote never reads a request. Its control channel (a SOCK_SEQPACKET
+socket from the host) carries only "run" commands with descriptors attached (a
+stream socket to the host, the socket to the judge, stdin, stdout, stderr), and
+it answers with the exit status of each run. For a run it forks an intermediate
+process that enters a fresh user, pid, mount and IPC namespace and forks the
+run process, pid 1 of its namespace. The run process joins a new session
+keyring, mounts private size-capped tmpfs on /tmp and /dev/shm and an empty one
+on /proc, drops every capability, says hello to the host (who places it in the
+run's cgroup, identifying it by the kernel-checked sender pid), and only then
+reads the job: the program, its limits, and for `inprocess` tests the test code.
+
+An `assert` run in `proxy` mode executes the program and then serves calls from
+the judge (`reward/sandbox_judge.py`) over its socket: plain-data arguments in,
+a plain-data result, the mutated arguments and any exception out. It never sees
+the tests. An `io` run is a script with the case's stdin; its stdout goes to a
+descriptor the host reads and compares.
 """
 
 import atexit
-import base64
 import builtins
 import ctypes
 import json
 import os
 import random
 import resource
-import select
-import signal
+import socket
 import sys
-import time
 import traceback
 import types
 
@@ -33,12 +39,13 @@ PRELOAD = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal"
 for _name in PRELOAD:
     __import__(_name)
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
-EXCERPT = 2048
-SCRATCH = "/tmp/.runs"
-PROCESSES_IN_USE = 0  # processes the run's uid had before it (see sandbox.py), added to its NPROC limit
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x10000000, 0x08000000
+MS_NOSUID, MS_NODEV = 2, 4
+PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
+KEYCTL_JOIN_SESSION_KEYRING = 1
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+MUTABLE = (list, dict, set, bytearray)
+MAX_CONSTANT_BYTES = 1 << 20  # a larger module-level value is not copied to the tests
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -59,8 +66,8 @@ def _check(ret, what):
 
 
 def enter_user_namespace():
-    """Own a user namespace (uid mapped to itself) so runs can get pid/mount namespaces."""
-    uid, gid = os.getuid(), os.getgid()
+    """Own a user namespace (our uid and gid mapped to themselves): it lets us make the others."""
+    uid, gid = os.geteuid(), os.getegid()
     _check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
     with open("/proc/self/setgroups", "w") as f:
         f.write("deny")
@@ -82,10 +89,15 @@ def mount_tmpfs(target, size_mb):
     _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {target}")
 
 
+def new_session_keyring():
+    """A fresh anonymous session keyring: keys a run adds die with it."""
+    if SYS_KEYCTL is not None:
+        libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
 def set_limits(limits, processes_in_use):
     cpu = int(limits["timeout_s"]) + 1
-    mem = limits["memory_mb"] << 20
-    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem),
+    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, limits["memory_mb"] << 20),
                        (resource.RLIMIT_NPROC, limits["max_processes"] + processes_in_use),
                        (resource.RLIMIT_FSIZE, limits["max_file_mb"] << 20),
                        (resource.RLIMIT_NOFILE, limits["max_open_files"]),
@@ -102,83 +114,8 @@ def fresh_main():
     return module.__dict__
 
 
-def child_run(req, isolated, fds):
-    """Body of the run process (pid 1 of its namespace when isolated). Never returns."""
-    try:
-        if isolated:
-            mount_tmpfs("/tmp", req["limits"]["tmp_mb"])
-            if os.path.isdir("/dev/shm"):
-                mount_tmpfs("/dev/shm", req["limits"]["tmp_mb"])
-            # A fresh procfs cannot be mounted under bubblewrap's locked /proc; an empty
-            # tmpfs hides the server's processes (and its memory) from the run instead.
-            mount_tmpfs("/proc", 1)
-            drop_capabilities()
-        # A process group of its own: kill(0, ...) from the run must not reach the server.
-        os.setsid()
-        os.chdir("/tmp")
-        for target, fd in ((0, fds["stdin"]), (1, fds["stdout"]), (2, fds["stderr"])):
-            os.dup2(fd, target)
-        low = 3
-        for fd in sorted((fds["token_r"], fds["verdict_w"])):
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, 1024)
-        sys.stdin = open(0, "r", closefd=False)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False)
-        random.seed()
-        set_limits(req["limits"], PROCESSES_IN_USE)
-    except BaseException:
-        traceback.print_exc()
-        os.write(fds["verdict_w"], b"start")
-        os._exit(70)
-    code = 0
-    namespace = fresh_main()
-    stage = "program"
-    try:
-        program = compile(req["program"], "main.py", "exec")
-        tests = compile(req["tests"], "tests.py", "exec") if req["kind"] == "assert" else None
-        exec(program, namespace)
-        if tests is not None:
-            stage = "tests"
-            exec(tests, namespace)
-        stage = "done"
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)
-    except MemoryError:
-        stage = "oom"
-        code = 1
-    except BaseException:
-        try:
-            traceback.print_exc()
-        except BaseException:
-            pass
-        code = 1
-        if stage == "tests" and isinstance(sys.exc_info()[1], AssertionError):
-            stage = "assertion"
-    shut_down_like_interpreter()
-    try:
-        if stage == "done":
-            # Only a run whose tests returned and whose interpreter shut down relays the token. The
-            # token pipe is open from the start: code that deliberately reads and replays it could
-            # forge a pass (a documented limit of any in-process harness).
-            token = os.read(fds["token_r"], 64)
-            os.write(fds["verdict_w"], token)
-        else:
-            os.write(fds["verdict_w"], stage.encode())
-    except BaseException:
-        pass
-    os._exit(code & 0xFF)
-
-
 def shut_down_like_interpreter():
-    """What `python main.py` does before exiting: join non-daemon threads, run atexit handlers, flush.
-
-    A run whose threads or exit handlers outlast the wall-clock limit is killed and fails, as
-    the spec asks of a run that completes its tests but does not exit in time.
-    """
+    """What `python main.py` does before exiting: join non-daemon threads, run atexit handlers, flush."""
     threading = sys.modules.get("threading")
     if threading is not None:
         try:
@@ -196,166 +133,210 @@ def shut_down_like_interpreter():
             pass
 
 
-def excerpt(path):
+# ---- the run process -------------------------------------------------------------------
+
+
+def builtin_exception(exc):
+    """The nearest built-in exception class of `exc` (a program's own class crosses as its base)."""
+    for cls in type(exc).__mro__:
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+    return "Exception"
+
+
+def _safe_str(exc):
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(EXCERPT)
-        text = head.decode("utf-8", "replace")
-        return text + (f"\n... [{size - EXCERPT} more bytes]" if size > EXCERPT else "")
-    except OSError:
+        return str(exc)[:2000]
+    except BaseException:
         return ""
 
 
-def normalize(text):
-    lines = [line.rstrip() for line in text.split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
+def describe_names(namespace):
+    """What the judge may bind: plain-data constants by value, modules by name, callables as proxies."""
+    names = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            names[name] = ["module", getattr(value, "__name__", "")]
+        elif callable(value):
+            names[name] = ["callable"]
+        else:
+            try:
+                wire = to_wire(value)
+                if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
+                    raise CodecError("too large to copy")
+                names[name] = ["value", wire]
+            except (CodecError, RecursionError, ValueError):
+                names[name] = ["other", type(value).__name__]
+    return names
 
 
-def reap_all(block):
-    """Reap every leftover descendant (orphans of a run are reparented to this subreaper)."""
+def serve_calls(sock, namespace):
+    """Answer the judge's calls until it says exit; the run process's whole job in proxy mode."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
+            msg = recv_frame(sock)
+        except (EOFError, OSError, CodecError):
             return
-        if pid == 0:
+        if msg.get("op") != "call":
             return
-
-
-def one_process(req, isolated, stdin_text):
-    """Run the program once; returns (status detail dict, stdout text)."""
-    limits = req["limits"]
-    os.makedirs(SCRATCH, exist_ok=True)
-    paths = {name: os.path.join(SCRATCH, name) for name in ("stdin", "stdout", "stderr")}
-    with open(paths["stdin"], "w") as f:
-        f.write(stdin_text)
-    fds = {"stdin": os.open(paths["stdin"], os.O_RDONLY),
-           "stdout": os.open(paths["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-           "stderr": os.open(paths["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)}
-    token_r, token_w = os.pipe()
-    verdict_r, verdict_w = os.pipe()
-    fds.update(token_r=token_r, verdict_w=verdict_w)
-    token = base64.b32encode(os.urandom(20))
-    os.write(token_w, token)
-    report_r, report_w = os.pipe()
-    start = time.monotonic()
-    first = os.fork()
-    if first == 0:
-        # Intermediate: enter fresh namespaces, fork the run (pid 1 there), report its pid, leave.
+        reply = answer_call(msg, namespace)
         try:
-            os.close(report_r)
-            if isolated:
-                _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare(pid, mount)")
-            pid = os.fork()
-            if pid == 0:
-                os.close(report_w)
-                child_run(req, isolated, fds)
-            os.write(report_w, str(pid).encode())
-        finally:
-            os._exit(0)
-    os.close(report_w)
-    for fd in (fds["stdin"], fds["stdout"], fds["stderr"], token_r, verdict_w):
-        os.close(fd)
-    os.waitpid(first, 0)
-    pid_text = os.read(report_r, 32)
-    os.close(report_r)
-    status = {"timeout": False, "exit": None, "signal": None}
-    if not pid_text:
-        status["exit"] = 70  # the run could not be started; its verdict pipe stays empty
-    else:
-        run_pid = int(pid_text)
-        pidfd = os.pidfd_open(run_pid)
-        deadline = start + limits["timeout_s"]
-        ready, _, _ = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            status["timeout"] = True
-            kill = os.killpg if not isolated else os.kill
+            send_frame(sock, reply)
+        except CodecError as e:
+            send_frame(sock, {"op": "bad", "message": str(e)})
+
+
+def answer_call(msg, namespace):
+    try:
+        fn = namespace[msg["name"]]
+        args = from_wire(msg["args"])
+        kwargs = from_wire(msg["kwargs"])
+    except (KeyError, CodecError) as e:
+        return {"op": "raise", "type": "NameError", "message": f"cannot call: {e}"}
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as e:
+        return {"op": "raise", "type": builtin_exception(e), "message": _safe_str(e)}
+    except BaseException as e:
+        return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
+    try:
+        mutated = [[i, to_wire(a)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
+        mutated_kw = [[k, to_wire(v)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
+        return {"op": "ok", "result": to_wire(result), "args": mutated, "kwargs": mutated_kw}
+    except (CodecError, RecursionError) as e:
+        return {"op": "bad", "message": f"{msg['name']} returned {type(result).__name__}: {e}"}
+
+
+def run_job(job, host, judge):
+    """Execute the job in this process; never returns."""
+    code = 0
+    namespace = fresh_main()
+    mode = job["mode"]
+    if mode != "inprocess":
+        host.close()  # nothing more goes to the host: the verdict is not ours to report
+    try:
+        program = compile(job["program"], "main.py", "exec")
+        tests = compile(job["tests"], "tests.py", "exec") if mode == "inprocess" else None
+        exec(program, namespace)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        report_load_failure(judge, e)
+        finish(code)
+    except BaseException as e:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        report_load_failure(judge, e)
+        finish(1)
+    if mode == "proxy":
+        try:
+            send_frame(judge, {"op": "ready", "names": describe_names(namespace)})
+        except (OSError, CodecError):
+            finish(1)
+        serve_calls(judge, namespace)
+    elif mode == "inprocess":
+        try:
+            exec(tests, namespace)
+        except BaseException as e:
             try:
-                kill(run_pid, signal.SIGKILL)
-            except ProcessLookupError:
+                traceback.print_exc()
+            except BaseException:
                 pass
-        _, wait_status = os.waitpid(run_pid, 0)
-        os.close(pidfd)
-        if os.WIFSIGNALED(wait_status):
-            status["signal"] = os.WTERMSIG(wait_status)
-        else:
-            status["exit"] = os.WEXITSTATUS(wait_status)
-        if not isolated and not status["timeout"]:
-            try:
-                os.killpg(run_pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    reap_all(block=isolated)
-    status["duration_s"] = time.monotonic() - start
-    verdict = os.read(verdict_r, 128) if select.select([verdict_r], [], [], 0)[0] else b""
-    os.close(verdict_r)
-    os.close(token_w)
-    status["verdict"] = "pass" if verdict == token else verdict.decode("ascii", "replace")
-    with open(paths["stdout"], "rb") as f:
-        stdout = f.read().decode("utf-8", "replace")
-    status["stdout"] = stdout[:EXCERPT]
-    status["stderr"] = excerpt(paths["stderr"])
-    for path in paths.values():
-        os.unlink(path)
-    return status, stdout
+            finish(3 if isinstance(e, AssertionError) else 1)
+        shut_down_like_interpreter()
+        try:
+            send_frame(host, {"op": "done"})
+        except BaseException:
+            pass
+        os._exit(0)
+    finish(0)
 
 
-def classify(status, ok, kind):
-    """Map a finished run to pass, fail, error, timeout, oom or killed."""
-    if status["timeout"] or status["signal"] == signal.SIGXCPU:
-        return "timeout"
-    if ok:
-        return "pass"
-    if status["verdict"] == "oom" or (status["exit"] and "MemoryError" in status["stderr"]):
-        return "oom"
-    if status["signal"] is not None:
-        return "killed"
-    if kind == "assert":
-        return "error" if status["verdict"] in ("program", "tests", "start") else "fail"
-    return "error" if status["exit"] != 0 else "fail"
+def report_load_failure(judge, exc):
+    if judge is not None:
+        try:
+            send_frame(judge, {"op": "load_failed", "type": builtin_exception(exc) if isinstance(exc, Exception)
+                               else type(exc).__name__, "message": _safe_str(exc)})
+        except BaseException:
+            pass
 
 
-def handle(req, isolated):
-    """Run one job: a single process for `assert`, one per case for `io` (stops at the first failure)."""
-    if req["kind"] == "assert":
-        status, _ = one_process(req, isolated, "")
-        verdict = classify(status, status["verdict"] == "pass" and status["exit"] == 0, "assert")
-        return {"status": verdict, "duration_s": status["duration_s"],
-                "stdout": status["stdout"], "stderr": status["stderr"]}
-    total = 0.0
-    for stdin_text, expected in req["cases"]:
-        status, stdout = one_process(req, isolated, stdin_text)
-        total += status["duration_s"]
-        ok = status["exit"] == 0 and normalize(stdout) == normalize(expected)
-        verdict = classify(status, ok, "io")
-        if verdict != "pass":
-            break
-    return {"status": verdict, "duration_s": total, "stdout": status["stdout"], "stderr": status["stderr"]}
+def finish(code):
+    shut_down_like_interpreter()
+    os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
-def main():
-    global PROCESSES_IN_USE
-    isolated = sys.argv[1] == "isolated"
-    PROCESSES_IN_USE = int(sys.argv[2])
+def child_main(host, isolated, processes_in_use):
+    """Body of a run process (pid 1 of its namespaces when isolated). Never returns.
+
+    It is forked as a spare before any request exists; the host takes it for a
+    run by sending the run's descriptors, then the job.
+    """
+    try:
+        host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the host learns our pid from the kernel
+        new_session_keyring()
+        send_frame(host, {"op": "hello"})
+        host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)  # else credentials crowd out the descriptors
+        _, received, _, _ = socket.recv_fds(host, 1, 8)
+        job = recv_frame(host)
+        fds = dict(zip(job["fds"], received))
+        judge = socket.socket(fileno=fds["judge"]) if "judge" in fds else None
+        limits = job["limits"]
+        if isolated:
+            mount_tmpfs("/tmp", limits["tmp_mb"])
+            if os.path.isdir("/dev/shm"):
+                mount_tmpfs("/dev/shm", limits["tmp_mb"])
+            # A fresh procfs cannot be mounted under bubblewrap's locked /proc; an empty
+            # tmpfs hides the zygote's processes (and its memory) from the run instead.
+            mount_tmpfs("/proc", 1)
+            drop_capabilities()
+        os.setsid()  # kill(0, ...) from the run reaches only the run
+        os.chdir("/tmp")
+        for target, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+            os.dup2(fds[name], target)
+        keep = sorted(fd for fd in (host.fileno(), judge.fileno() if judge else -1) if fd > 2)
+        low = 3
+        for fd in keep:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        random.seed()
+        set_limits(limits, processes_in_use)
+    except BaseException:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        os._exit(70)
+    run_job(job, host, judge)
+
+
+# ---- the zygote ------------------------------------------------------------------------
+
+def zygote_main():
+    control = socket.socket(fileno=int(sys.argv[1]))
+    isolated = sys.argv[2] == "isolated"
+    processes_in_use = int(sys.argv[3])
     if isolated:
         enter_user_namespace()
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    out = sys.stdout
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            reply = handle(req, isolated)
-        except Exception:
-            reply = {"status": "error", "duration_s": 0.0, "stdout": "",
-                     "stderr": "sandbox server: " + traceback.format_exc()[-EXCERPT:]}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+    control.send(frame({"op": "ready"})[4:])
+
+    def enter():
+        if isolated:
+            enter_user_namespace()
+            _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare(pid, mount, ipc)")
+
+    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use), enter)
 
 
 if __name__ == "__main__":
-    main()
+    zygote_main()

@@ -1,4 +1,4 @@
-"""Task and prediction records (JSONL) exactly as REWARD_SPEC.md defines them.
+"""Task and prediction records (JSONL) exactly as docs/reward.md defines them.
 
 Loading validates every field and raises `SchemaError` naming the file, the
 line and the field, so a bad record is fixed at its source instead of
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Union
@@ -25,11 +26,23 @@ class SchemaError(ValueError):
         super().__init__(f"{path}:{line}: {message}")
 
 
+TEST_MODES = ("proxy", "inprocess")
+
+
 @dataclasses.dataclass(frozen=True)
 class AssertTests:
-    """Test code run after the program in the same `__main__` namespace."""
+    """Test code run against the program's top-level names.
+
+    `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
+    separate trusted process where the program's names are proxies that pass
+    plain data; `inprocess` runs them after the program in its own `__main__`
+    namespace, for tests that need more (methods of returned objects, callbacks).
+    An `inprocess` verdict can be forged by the program: such tasks stay out of
+    training sets by default.
+    """
 
     code: str
+    mode: str = "proxy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +74,12 @@ class Task:
     epsilon: int | None = None
     timeout_s: float | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    memory_mb: int | None = None
+
+    @property
+    def forgeable(self) -> bool:
+        """Its tests run `inprocess`, where the program could forge the verdict: keep it out of training."""
+        return isinstance(self.tests, AssertTests) and self.tests.mode == "inprocess"
 
     @property
     def is_clean(self) -> bool:
@@ -74,17 +93,26 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """A model's answer to a task: raw `response` text and/or an extracted `code`."""
+    """A model's answer to a task: raw `response` text and/or an extracted `code`.
+
+    `think_opened` says whether the prompt the response continues already opened
+    a `<think>` block (then the response must close it to have an answer); None
+    leaves it to the scorer's default (`--think-opened`, else False).
+    """
 
     task_id: str
     response: str | None = None
     code: str | None = None
+    think_opened: bool | None = None
 
 
 def tests_to_json(tests: Tests) -> dict[str, Any]:
     """The JSON object form of a test spec."""
     if isinstance(tests, AssertTests):
-        return {"kind": "assert", "code": tests.code}
+        obj = {"kind": "assert", "code": tests.code}
+        if tests.mode != "proxy":
+            obj["mode"] = tests.mode
+        return obj
     return {"kind": "io", "cases": [{"stdin": c.stdin, "stdout": c.stdout} for c in tests.cases]}
 
 
@@ -97,7 +125,10 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
-        return AssertTests(code)
+        mode = obj.get("mode", "proxy")
+        if mode not in TEST_MODES:
+            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {mode!r}")
+        return AssertTests(code, mode)
     if kind == "io":
         cases = obj.get("cases")
         if not isinstance(cases, list) or not cases:
@@ -115,6 +146,40 @@ def tests_from_json(obj: Any) -> Tests:
 
 
 _REQUIRED_STR = ("task_id", "base_id", "prompt", "buggy_code", "solution")
+MAX_TIMEOUT_S = 86_400.0
+MAX_MEMORY_MB = 1 << 20
+
+
+def _check_text(value: Any, field: str) -> None:
+    """Every string in `value` (keys included) must be valid Unicode: no lone surrogates."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"field '{field}' contains a lone surrogate (not valid Unicode)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, field)
+            _check_text(v, field)
+    elif isinstance(value, list):
+        for v in value:
+            _check_text(v, field)
+
+
+def positive_seconds(value: Any, field: str) -> float:
+    """A finite wall-clock limit in (0, 1 day]; raises ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(f"field '{field}' must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                         f"got {value!r}")
+    return float(value)
+
+
+def positive_megabytes(value: Any, field: str) -> int:
+    """A memory limit in MiB, an integer in [1, 2**20]; raises ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MEMORY_MB:
+        raise ValueError(f"field '{field}' must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {value!r}")
+    return value
 
 
 def task_from_json(obj: Any) -> Task:
@@ -128,20 +193,23 @@ def task_from_json(obj: Any) -> Task:
             raise ValueError(f"field '{key}' must be a string")
     if "tests" not in obj:
         raise ValueError("missing field 'tests'")
+    for key in (*_REQUIRED_STR, "tests", "meta"):
+        _check_text(obj.get(key), key)
     tests = tests_from_json(obj["tests"])
     epsilon = obj.get("epsilon")
     if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, int) or epsilon < 0):
         raise ValueError("field 'epsilon' must be a non-negative integer")
     timeout_s = obj.get("timeout_s")
     if timeout_s is not None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError("field 'timeout_s' must be a positive number")
-        timeout_s = float(timeout_s)
+        timeout_s = positive_seconds(timeout_s, "timeout_s")
+    memory_mb = obj.get("memory_mb")
+    if memory_mb is not None:
+        memory_mb = positive_megabytes(memory_mb, "memory_mb")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError("field 'meta' must be an object")
     return Task(obj["task_id"], obj["base_id"], obj["prompt"], obj["buggy_code"], obj["solution"],
-                tests, epsilon, timeout_s, meta)
+                tests, epsilon, timeout_s, meta, memory_mb)
 
 
 def task_to_json(task: Task) -> dict[str, Any]:
@@ -152,6 +220,8 @@ def task_to_json(task: Task) -> dict[str, Any]:
         obj["epsilon"] = task.epsilon
     if task.timeout_s is not None:
         obj["timeout_s"] = task.timeout_s
+    if task.memory_mb is not None:
+        obj["memory_mb"] = task.memory_mb
     if task.meta:
         obj["meta"] = task.meta
     return obj
@@ -166,10 +236,14 @@ def prediction_from_json(obj: Any) -> Prediction:
     response, code = obj.get("response"), obj.get("code")
     if response is None and code is None:
         raise ValueError("a prediction needs a 'response' or a 'code' field")
-    for key, value in (("response", response), ("code", code)):
+    for key, value in (("task_id", obj["task_id"]), ("response", response), ("code", code)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"field '{key}' must be a string")
-    return Prediction(obj["task_id"], response, code)
+        _check_text(value, key)
+    think_opened = obj.get("think_opened")
+    if think_opened is not None and not isinstance(think_opened, bool):
+        raise ValueError("field 'think_opened' must be true or false")
+    return Prediction(obj["task_id"], response, code, think_opened)
 
 
 def prediction_to_json(pred: Prediction) -> dict[str, Any]:
@@ -178,19 +252,33 @@ def prediction_to_json(pred: Prediction) -> dict[str, Any]:
         obj["response"] = pred.response
     if pred.code is not None:
         obj["code"] = pred.code
+    if pred.think_opened is not None:
+        obj["think_opened"] = pred.think_opened
     return obj
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, parsed object) for each non-blank line; bad JSON is a SchemaError."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """Yield (line number, parsed object) for each non-blank line; bad JSON or UTF-8 is a SchemaError."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SchemaError(path, lineno, f"not valid UTF-8 (byte {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                yield lineno, json.loads(line, parse_constant=_reject_constant)
             except json.JSONDecodeError as e:
                 raise SchemaError(path, lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+            except RecursionError:
+                raise SchemaError(path, lineno, "malformed JSON: nested too deeply") from None
+            except ValueError as e:
+                raise SchemaError(path, lineno, str(e)) from None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"non-standard JSON constant {name}")
 
 
 def _load(path: str | os.PathLike, parse) -> list:
@@ -230,10 +318,17 @@ def load_predictions(path: str | os.PathLike) -> list[Prediction]:
 def write_jsonl(path: str | os.PathLike, objects: Iterable[dict[str, Any]]) -> None:
     """Write objects one per line, atomically (a crash never leaves half a file)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for obj in objects:
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for obj in objects:
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_tasks(path: str | os.PathLike, tasks: Iterable[Task]) -> None:

@@ -1,48 +1,41 @@
-"""The PreciseCoder scorer: REWARD_SPEC.md from alignment to aggregates.
+"""The PreciseCoder scorer: docs/reward.md from alignment to aggregates.
 
 The math (alignment, components, credits, precision / recall / F1, rewards,
-EA-GRPO, aggregates) is pure functions. `score_predictions` drives the test
-runs through a `run_batch(jobs) -> results` callable (in production
-`Fleet.run`) in phases, one call each: unit runs, then component
-verifications, then the essential-subset windows in rounds of increasing s
-(round s runs every window of size s of every component still searching).
-A component's |ess| is the smallest s with a passing window, so running a
-round's windows in parallel gives the same answer as the spec's sequential
-order of s then position; rounds never run a window longer than the answer,
-and since most components stop at s = 1 (cap = |δ*| + ε is small) one round
-is the usual case. Within a call, identical jobs are sent once, and a job seen
+aggregates) is pure functions. `score_predictions` drives the test runs
+through a `run_batch(jobs) -> results` callable (in production `Fleet.run`)
+in phases, one call each: unit runs, then component verifications, then the
+essential-subset windows. The window search (`WindowSearch`) gives exactly
+the sequential search's answer (sizes s = 1, 2, ..., then components, then
+positions; the first pass settles a component) within `max_window_runs`
+windows per prediction, but runs the next windows of every prediction still
+searching together, at most `window_batch` of one size per prediction per
+call. Most components stop at s = 1 (cap = |δ*| + ε is small), so one call is
+the usual case. Within a call, identical jobs are sent once, and a job seen
 in an earlier phase is not sent again, so no program runs twice even without
 the fleet's cache; programs that differ only in whitespace at their very end
 (which Python ignores) count as identical. A prediction's `runs` counts its
-distinct jobs, at most 1 + |components| + Σ windows.
+distinct jobs: at most 1 + |components| + max_window_runs plus, per
+component, the rest of the batch behind its first passing window.
 
-Choices the spec leaves open:
-- `code` of a prediction is used as is; `response` goes through `extract_program`.
-- Invalid predictions run nothing; `faults_fixed` is 0 and `edited_lines` null.
-- On a clean task (and on an invalid prediction) the GDPO vector is [unit, 0],
-  consistent with the scalar reward (1 − λ)·unit.
-- EA-GRPO and the clean-row vector of "GRPO + clean rows" take ℓ of an invalid
-  rollout as the number of non-blank lines of C (the spec's "length of C").
-- Aggregates: a task's `lines` is the mean ℓ of its valid predictions; the set's
-  `lines` is the mean over tasks with at least one (null when none); `reward`
-  (mean scalar reward over all tasks) and counts are reported besides the spec's.
+Choices the specification leaves open are listed in docs/reward.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from reward.diff import Block, Edit, apply, diff, edits_of, nonblank_lines
 from reward.extract import extract_program
-from reward.sandbox import Job, Limits, RunResult
+from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.schema import Prediction, Task, Tests
 
 DEFAULT_LAMBDA = 1 / 3
 DEFAULT_EPSILON = 1
-EA_ALPHA, EA_BETA = 0.8, 0.05
+DEFAULT_MAX_WINDOW_RUNS = 256
 
 RunBatch = Callable[[Sequence[Job]], list[RunResult]]
 
@@ -50,10 +43,40 @@ RunBatch = Callable[[Sequence[Job]], list[RunResult]]
 # Alignment and components ---------------------------------------------------
 
 
-def aligned(ref: Block, pred: Block) -> bool:
-    """Spans at most one line apart, or identical edits wherever they stand."""
+def span_distance(ref: Block, pred: Block) -> float:
+    """Lines between two spans: max(0, a_j − b_i, a_i − b_j) (0 when they overlap)."""
     (a_i, b_i), (a_j, b_j) = ref.span, pred.span
-    return max(0.0, a_j - b_i, a_i - b_j) <= 1 or ref.signature == pred.signature
+    return max(0.0, a_j - b_i, a_i - b_j)
+
+
+def identical_pairs(reference: Sequence[Block], predicted: Sequence[Block]) -> set[tuple[int, int]]:
+    """The one-to-one pairing of blocks with identical edits, nearest first.
+
+    Candidates are the (reference, predicted) pairs whose edits are identical
+    (same kinds, same old and new texts, in order), taken in order of span
+    distance, then reference index, then predicted index; a pair is kept when
+    neither of its blocks is in a kept pair. So one fix that matches twin
+    reference blocks aligns with the nearer only.
+    """
+    candidates = sorted((span_distance(ref, pred), i, j)
+                        for i, ref in enumerate(reference) for j, pred in enumerate(predicted)
+                        if ref.signature == pred.signature)
+    kept: set[tuple[int, int]] = set()
+    used_refs: set[int] = set()
+    used_preds: set[int] = set()
+    for _, i, j in candidates:
+        if i not in used_refs and j not in used_preds:
+            kept.add((i, j))
+            used_refs.add(i)
+            used_preds.add(j)
+    return kept
+
+
+def alignment(reference: Sequence[Block], predicted: Sequence[Block]) -> set[tuple[int, int]]:
+    """The aligned (reference index, predicted index) pairs: spans at most one line apart, or an identical pair."""
+    near = {(i, j) for i, ref in enumerate(reference) for j, pred in enumerate(predicted)
+            if span_distance(ref, pred) <= 1}
+    return near | identical_pairs(reference, predicted)
 
 
 def components(reference: Sequence[Block], predicted: Sequence[Block]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -72,10 +95,8 @@ def components(reference: Sequence[Block], predicted: Sequence[Block]) -> list[t
             x = parent[x]
         return x
 
-    for i, ref in enumerate(reference):
-        for j, pred in enumerate(predicted):
-            if aligned(ref, pred):
-                parent[root(i)] = root(m + j)
+    for i, j in alignment(reference, predicted):
+        parent[root(i)] = root(m + j)
     groups: dict[int, tuple[list[int], list[int]]] = {}
     for node in range(len(parent)):
         refs, preds = groups.setdefault(root(node), ([], []))
@@ -192,6 +213,7 @@ class Score:
     blocks: int | None = None
     components: tuple[ComponentResult, ...] = ()
     runs: int = 0
+    window_search_capped: bool = False
 
     @property
     def vector(self) -> tuple[float, float]:
@@ -203,12 +225,14 @@ class Score:
 
 
 def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verdicts: Sequence[bool],
-             essentials: Sequence[int | None], runs: int, lam: float = DEFAULT_LAMBDA) -> Score:
+             essentials: Sequence[int | None], runs: int, lam: float = DEFAULT_LAMBDA,
+             capped: bool = False) -> Score:
     """Assemble the score of one prediction from its analysis and test verdicts.
 
     Args:
         verdicts: per component of `analysis`, whether it was verified.
         essentials: per component, |ess_K| for a verified one, else None.
+        capped: whether the window search ran out of `max_window_runs` (reported as is).
     """
     faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
     ell = analysis.edited_lines if analysis is not None else None
@@ -219,7 +243,7 @@ def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verd
     noop = valid and ell == 0
     common = dict(task_id=task.task_id, valid=valid, unit=unit, edited_lines=ell, faults=faults,
                   faults_fixed=fixed, noop=noop, blocks=len(analysis.predicted) if analysis else None,
-                  components=results, runs=runs)
+                  components=results, runs=runs, window_search_capped=capped)
     if faults == 0:
         return Score(precision=None, recall=None, f1=None, damage=1 - unit,
                      reward=scalar_reward(unit, None, lam), **common)
@@ -259,17 +283,100 @@ class _Runner:
         return [self._done[job].passed for job in jobs]
 
 
-def program_of(prediction: Prediction) -> str | None:
-    """The prediction's program: `code` if given, else the program extracted from `response`."""
+class WindowSearch:
+    """The essential-subset search of one prediction, run a batch of windows at a time.
+
+    The result is the spec's sequential search: windows in order of size s,
+    then component, then position; a component settles at the size of its
+    first passing window, or at ℓ_K once its last window fails; every window
+    tried for an unsettled component uses one of `max_window_runs`. When they
+    are used up, the components still unsettled get |ess_K| = ℓ_K and the
+    search is `capped`. `take` hands out the next windows (one size at a
+    time, at most `n`, never past the budget) so they can run in parallel;
+    `record` reads their verdicts in order, so windows after a component's
+    first pass in the same batch are run but change nothing (at most one
+    batch per component is spent after its first pass).
+    """
+
+    def __init__(self, components: Sequence[tuple[int, Component]], max_window_runs: int):
+        self.essential: dict[int, int] = {}
+        self.capped = False
+        self._budget = max_window_runs
+        self._size = {k: comp.size for k, comp in components}
+        self._left = {k: sum(comp.size - s + 1 for s in range(1, comp.search_bound + 1)) for k, comp in components}
+        for k, left in self._left.items():
+            if not left:
+                self.essential[k] = self._size[k]
+        self._taken: list[tuple[int, int, tuple[Edit, ...]]] = []
+        self._order = self._windows(components)
+        self._next = next(self._order, None)
+        self._cap()
+
+    def _windows(self, components: Sequence[tuple[int, Component]]) -> Iterator[tuple[int, int, tuple[Edit, ...]]]:
+        """(component, s, window) in search order, skipping components settled by the time they are reached."""
+        for s in itertools.count(1):
+            live = [(k, comp) for k, comp in components if k not in self.essential and s <= comp.search_bound]
+            if not live:
+                return
+            for k, comp in live:
+                for window in comp.windows(s):
+                    if k in self.essential:
+                        break
+                    yield k, s, window
+
+    @property
+    def done(self) -> bool:
+        return len(self.essential) == len(self._size)
+
+    def take(self, n: int) -> list[tuple[int, int, tuple[Edit, ...]]]:
+        """The next windows to run: at most n, all of one size, within the budget left."""
+        batch: list[tuple[int, int, tuple[Edit, ...]]] = []
+        while self._next is not None and len(batch) < min(n, self._budget):
+            if self._next[0] not in self.essential:
+                if batch and self._next[1] != batch[0][1]:
+                    break
+                batch.append(self._next)
+            self._next = next(self._order, None)
+        self._taken = batch
+        return batch
+
+    def record(self, passed: Sequence[bool]) -> None:
+        """The verdicts of the windows of the last `take`, in order."""
+        for (k, s, _), ok in zip(self._taken, passed, strict=True):
+            if k in self.essential:
+                continue
+            self._budget -= 1
+            self._left[k] -= 1
+            if ok:
+                self.essential[k] = s
+            elif not self._left[k]:
+                self.essential[k] = self._size[k]
+        self._cap()
+
+    def _cap(self) -> None:
+        if self._budget <= 0:
+            for k in self._size:
+                if k not in self.essential:
+                    self.essential[k] = self._size[k]
+                    self.capped = True
+
+
+def program_of(prediction: Prediction, think_opened: bool = False) -> str | None:
+    """The prediction's program: `code` if given, else the program extracted from `response`.
+
+    The prediction's own `think_opened` wins; `think_opened` here is the default for those without it.
+    """
     if prediction.code is not None:
         return prediction.code
-    return extract_program(prediction.response or "")
+    opened = think_opened if prediction.think_opened is None else prediction.think_opened
+    return extract_program(prediction.response or "", think_opened=opened)
 
 
 def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBatch, *,
                       lam: float = DEFAULT_LAMBDA, epsilon: int = DEFAULT_EPSILON,
-                      limits: Limits = Limits()) -> list[Score]:
-    """Score (task, prediction) pairs, one `run_batch` call per phase.
+                      limits: Limits = Limits(), max_window_runs: int = DEFAULT_MAX_WINDOW_RUNS,
+                      window_batch: int | None = None, think_opened: bool = False) -> list[Score]:
+    """Score (task, prediction) pairs, one `run_batch` call per phase (and per batch of windows).
 
     Args:
         items: the pairs to score; a task's own `epsilon` and `timeout_s` override the defaults.
@@ -277,15 +384,25 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
         lam: λ of the scalar reward.
         epsilon: default ε of the cap.
         limits: default limits of one test run.
+        max_window_runs: the most windows tried per prediction in the essential-subset search.
+        window_batch: the most windows of one prediction run in parallel (default: twice the CPU
+            count, a default fleet's worker count; pass 2 × `Fleet.num_workers`). It changes the
+            runs made, never a score.
+        think_opened: for predictions whose `think_opened` is unset, whether their prompt opened
+            the think block (see `extract_program`).
     """
+    if max_window_runs < 0:
+        raise ValueError(f"max_window_runs must be >= 0, got {max_window_runs}")
+    batch = 2 * (os.cpu_count() or 1) if window_batch is None else window_batch
+    if batch < 1:
+        raise ValueError(f"window_batch must be >= 1, got {window_batch}")
     run = _Runner(run_batch)
-    programs = [program_of(pred) for _, pred in items]
+    programs = [program_of(pred, think_opened) for _, pred in items]
     jobs_of: list[set[Job]] = [set() for _ in items]
 
     def job(n: int, program: str) -> Job:
         task = items[n][0]
-        run_limits = limits if task.timeout_s is None else dataclasses.replace(limits, timeout_s=task.timeout_s)
-        made = canonical_job(program, task.tests, run_limits)
+        made = canonical_job(program, task.tests, limits_for(task, limits))
         jobs_of[n].add(made)
         return made
 
@@ -301,63 +418,40 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
     comps = {(n, k): analyses[n].components[k] for n, k in keys}
     verified = dict(zip(keys, run([job(n, comps[n, k].program(items[n][0].buggy_code)) for n, k in keys])))
 
-    essential: dict[tuple[int, int], int] = {
-        key: comps[key].size for key in keys if verified[key] and comps[key].search_bound < 1}
-    searching = [key for key in keys if verified[key] and key not in essential]
-    s = 1
-    while searching:
-        windows = [(key, edits) for key in searching for edits in comps[key].windows(s)]
-        passed = run([job(key[0], comps[key].program(items[key[0]][0].buggy_code, edits)) for key, edits in windows])
-        hits = {key for (key, _), ok in zip(windows, passed) if ok}
-        for key in searching:
-            if key in hits:
-                essential[key] = s
-            elif s == comps[key].search_bound:
-                essential[key] = comps[key].size
-        searching = [key for key in searching if key not in essential]
-        s += 1
-
+    searches = {n: WindowSearch([(k, analyses[n].components[k]) for k in range(len(analyses[n].components))
+                                 if verified[n, k]], max_window_runs) for n in valid}
+    active = [n for n in valid if not searches[n].done]
+    while active:
+        batches = {n: searches[n].take(batch) for n in active}
+        code = {n: items[n][0].buggy_code for n in active}
+        passed = run([job(n, comps[n, k].program(code[n], edits)) for n in active for k, _, edits in batches[n]])
+        start = 0
+        for n in active:
+            searches[n].record(passed[start:start + len(batches[n])])
+            start += len(batches[n])
+        active = [n for n in active if not searches[n].done]
     scores = []
     for n, (task, _) in enumerate(items):
         analysis = analyses.get(n)
         ks = range(len(analysis.components)) if analysis else ()
+        search = searches.get(n)
         scores.append(score_of(task, n in analyses, int(units.get(n, False)), analysis,
-                               [verified[n, k] for k in ks], [essential.get((n, k)) for k in ks],
-                               len(jobs_of[n]), lam))
+                               [verified[n, k] for k in ks], [search.essential.get(k) for k in ks] if search else [],
+                               len(jobs_of[n]), lam, capped=bool(search and search.capped)))
     return scores
 
 
 # Baseline rewards -------------------------------------------------------------
 
 
-def ea_grpo_rewards(units: Sequence[int], edited_lines: Sequence[int | None],
-                    alpha: float = EA_ALPHA, beta: float = EA_BETA) -> list[float]:
-    """EA-GRPO rewards of one group of rollouts.
+def baseline_terms(score: Score, buggy_code: str) -> tuple[float, float]:
+    """The terms [unit, ℓ] that the EA-GRPO and "GRPO + clean rows" estimators of `jaxrl.advantages` take.
 
-    T = 1[mean(u) ≥ α]; μ_c, σ_c = mean and population std of D over passing
-    rollouts; P_i = sigmoid((D_i − μ_c)/σ_c), or 1/2 when σ_c = 0;
-    R_i = u_i·(1 − T·β·P_i), 0 for failing or invalid rollouts.
+    ℓ is a count, not a reward: the estimators own the sign of its penalty
+    (clean rows standardize −ℓ). An invalid rollout's ℓ is C's number of non-blank lines.
     """
-    gate = 1.0 if sum(units) / len(units) >= alpha else 0.0
-    passing = [d for u, d in zip(units, edited_lines) if u]
-    if not passing:
-        return [0.0] * len(units)
-    mu = sum(passing) / len(passing)
-    sigma = math.sqrt(sum((d - mu) ** 2 for d in passing) / len(passing))
-    rewards = []
-    for u, d in zip(units, edited_lines):
-        if not u:
-            rewards.append(0.0)
-            continue
-        penalty = 1 / (1 + math.exp(-(d - mu) / sigma)) if sigma > 0 else 0.5
-        rewards.append(1 - gate * beta * penalty)
-    return rewards
-
-
-def clean_row_terms(score: Score, buggy_code: str) -> tuple[float, float]:
-    """The unstandardized "GRPO + clean rows" vector [unit, −ℓ]; an invalid rollout's ℓ is C's non-blank line count."""
     ell = score.edited_lines if score.valid else len(nonblank_lines(buggy_code))
-    return float(score.unit), -float(ell)
+    return float(score.unit), float(ell)
 
 
 # Aggregates -------------------------------------------------------------------

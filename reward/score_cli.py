@@ -1,10 +1,11 @@
-"""Score predictions with the PreciseCoder reward (REWARD_SPEC.md).
+"""Score predictions with the PreciseCoder reward (specified in docs/reward.md).
 
 Writes one JSON object per prediction to --out, in input order: task_id, valid,
 unit, precision, recall, f1, edited_lines, faults, faults_fixed, noop, damage,
 reward, and the diagnostics blocks (predicted blocks), components (reference
-and predicted block indices, verified, essential, cap, credit) and runs
-(distinct test runs the prediction needed). Then prints the aggregate table of
+and predicted block indices, verified, essential, cap, credit), runs
+(distinct test runs the prediction needed) and window_search_capped (the
+essential-subset search hit --max-window-runs). Then prints the aggregate table of
 the task set. A malformed record, or a prediction for a task not in --tasks,
 stops with an error naming the file and line; tasks without a prediction are
 listed and count as invalid predictions.
@@ -16,30 +17,33 @@ import argparse
 import json
 import sys
 
+from reward.cli_args import megabytes, non_negative_int, output_file_error, positive_int, seconds
 from reward.fleet import Fleet
 from reward.sandbox import Limits
 from reward.schema import Prediction, SchemaError, Task, load_tasks, prediction_from_json, read_jsonl, write_jsonl
-from reward.score import DEFAULT_EPSILON, DEFAULT_LAMBDA, aggregate, format_summary, score_predictions
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+from reward.score import (DEFAULT_EPSILON, DEFAULT_LAMBDA, DEFAULT_MAX_WINDOW_RUNS, aggregate, format_summary,
+                          score_predictions)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file")
-    parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code})")
+    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md)")
+    parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
     parser.add_argument("--out", required=True, help="write one score object per prediction here (JSONL)")
     parser.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=DEFAULT_LAMBDA,
                         help="weight λ of f1 in the reward (1 − λ)·unit + λ·f1 (default: 1/3)")
-    parser.add_argument("--epsilon", type=_non_negative_int, default=DEFAULT_EPSILON,
+    parser.add_argument("--epsilon", type=non_negative_int, default=DEFAULT_EPSILON,
                         help="ε of the credit cap for tasks without their own (default: 1)")
-    parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
-    parser.add_argument("--timeout", type=float, default=Limits().timeout_s,
+    parser.add_argument("--max-window-runs", type=non_negative_int, default=DEFAULT_MAX_WINDOW_RUNS,
+                        help="most essential-subset windows tried per prediction; past it the unsettled "
+                             f"components count all their edits as essential (default: {DEFAULT_MAX_WINDOW_RUNS})")
+    parser.add_argument("--think-opened", action="store_true",
+                        help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
+                             "response without </think> has no answer; a prediction's own think_opened wins")
+    parser.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
+    parser.add_argument("--timeout", type=seconds, default=Limits().timeout_s,
                         help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
+    parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
+                        help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024)")
     parser.add_argument("--summary-json", help="also write the aggregate summary here as JSON")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
@@ -64,6 +68,11 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.lam <= 1:
         print(f"error: --lambda must lie in [0, 1], got {args.lam}", file=sys.stderr)
         return 2
+    for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):
+        problem = output_file_error(path)
+        if problem:
+            print(f"error: {flag} {problem}", file=sys.stderr)
+            return 2
     try:
         tasks = load_tasks(args.tasks)
         by_id = {t.task_id: t for t in tasks}
@@ -75,7 +84,10 @@ def main(args: argparse.Namespace) -> int:
     progress = False if args.no_progress else "score"
     with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
         scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress=progress),
-                                   lam=args.lam, epsilon=args.epsilon, limits=Limits(timeout_s=args.timeout))
+                                   lam=args.lam, epsilon=args.epsilon,
+                                   limits=Limits(timeout_s=args.timeout, memory_mb=args.memory_mb),
+                                   max_window_runs=args.max_window_runs, window_batch=2 * fleet.num_workers,
+                                   think_opened=args.think_opened)
         stats = fleet.stats
     write_jsonl(args.out, (s.to_json() for s in scores))
     summary = aggregate(tasks, scores, args.lam)

@@ -2,8 +2,10 @@
 
 Runs N HumanEval canonical solutions with their tests (a) naively, one fresh
 `python -c` subprocess per run with no isolation at all, and (b) through the
-fleet with full isolation and the cache off, both with the same number of
-parallel workers, in the same process, and prints runs/s and the ratio.
+fleet with full isolation and the cache off (a fresh run process per run, the
+tests in the separate judge, a cgroup per run where writable), both with the
+same number of parallel workers, in the same process, and prints runs/s, the
+ratio and the machine's load average before and after (the machine may be shared).
 
     python scripts/bench_sandbox.py --n 328 [--workers 2] [--json]
 """
@@ -50,6 +52,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the results")
     args = parser.parse_args()
     jobs = humaneval_jobs(args.n)
+    load_before = os.getloadavg()[0]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(args.workers) as pool:
@@ -66,11 +69,14 @@ def main() -> None:
     naive_rate, fleet_rate = args.n / naive_s, args.n / fleet_s
     print(f"{'harness':<34} {'runs':>6} {'passed':>7} {'seconds':>8} {'runs/s':>8}")
     print(f"{'naive (fresh python -c, no isolation)':<34} {args.n:>6} {naive_ok:>7} {naive_s:>8.2f} {naive_rate:>8.1f}")
-    print(f"{'fleet (bwrap + per-run namespaces)':<34} {args.n:>6} {fleet_ok:>7} {fleet_s:>8.2f} {fleet_rate:>8.1f}")
-    print(f"ratio fleet/naive: {fleet_rate / naive_rate:.2f}x with {args.workers} workers")
+    print(f"{'fleet (bwrap, judge, per-run ns)':<34} {args.n:>6} {fleet_ok:>7} {fleet_s:>8.2f} {fleet_rate:>8.1f}")
+    load_after = os.getloadavg()[0]
+    print(f"ratio fleet/naive: {fleet_rate / naive_rate:.2f}x with {args.workers} workers; "
+          f"load average {load_before:.1f} before, {load_after:.1f} after")
     if args.json:
         print(json.dumps({"naive_runs_per_s": round(naive_rate, 1), "fleet_runs_per_s": round(fleet_rate, 1),
-                          "ratio": round(fleet_rate / naive_rate, 2)}))
+                          "ratio": round(fleet_rate / naive_rate, 2), "passed": [naive_ok, fleet_ok],
+                          "load_average": [round(load_before, 1), round(load_after, 1)]}))
 
 
 if __name__ == "__main__":

@@ -296,3 +296,54 @@ def test_constant_groups_give_exact_zero_in_float32(g):
     passing = jnp.ones((1, g))
     same_size = jnp.full((1, g), 3.0)
     assert np.all(np.asarray(A.grpo(A.ea_grpo_rewards(passing, same_size))) == 0.0)
+
+
+def test_ea_grpo_golden():
+    """The hand-derived EA-GRPO rewards (formerly of reward.score's copy, now the only implementation)."""
+    # mean u = 5/6 ≥ 0.8: gated. Passing D = 1,2,3,2,2: μ = 2, σ = sqrt(2/5) = 0.632456;
+    # sigmoid(±1/σ = ±1.581139) = 0.170634 / 0.829366. A failing rollout's D is ignored (NaN here).
+    got = A.ea_grpo_rewards(jnp.array([[1, 1, 1, 1, 1, 0]]), jnp.array([[1, 2, 3, 2, 2, jnp.nan]]))
+    want = [1 - 0.05 * 0.170634, 0.975, 1 - 0.05 * 0.829366, 0.975, 0.975, 0.0]
+    np.testing.assert_allclose(got[0], want, atol=1e-6)
+    got = A.ea_grpo_rewards(jnp.array([[1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]]),
+                            jnp.array([[5, 1, 1, 0, 2, 2], [2, 2, 2, 2, 0, 0], [0, 1, 0, 0, 0, 0]]))
+    np.testing.assert_allclose(got, [[1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [0] * 6], atol=1e-7)
+    np.testing.assert_allclose(A.ea_grpo_rewards(jnp.ones((1, 4)), jnp.full((1, 4), 2.0)), [[0.975] * 4])
+    assert (A.EA_ALPHA, A.EA_BETA) == (0.8, 0.05)
+
+
+def test_clean_rows_end_to_end_from_scores_to_advantages():
+    """Scores from the real scorer -> `baseline_terms` -> `grpo_clean_rows`: on a clean row the no-op wins.
+
+    The clean task's rollouts: the program kept (ℓ = 0), harmless rewrites of 2 and 6 lines (all pass),
+    a program that breaks the tests, and an answer without code (invalid: ℓ = C's 5 non-blank lines).
+    Smaller ℓ must mean a larger advantage among passing rollouts, and the no-op the largest of all
+    (with the sign applied twice, as before, the 6-line rewrite got the largest).
+    """
+    from reward.fleet import Fleet
+    from reward.schema import AssertTests, Prediction, Task
+    from reward.score import baseline_terms, score_predictions
+
+    code = "def add(a, b):\n    s = a + b\n    return s\n\ndef neg(a):\n    return -a\n"
+    clean = Task("add#clean", "add", "add", code, code, AssertTests("assert add(2, 3) == 5\nassert neg(1) == -1\n"))
+    buggy = Task("add#1", "add", "add", code.replace("a + b", "a - b"), code, clean.tests)
+    two = code.replace("s = a + b\n    return s", "t = a + b\n    return t")
+    six = two.replace("def neg(a):\n    return -a", "def neg(x):\n    y = -x\n    z = y\n    return z")
+    rollouts = {clean: [code, two, six, code.replace("-a", "a"), None],
+                buggy: [code, buggy.buggy_code, two, None, six]}
+    items = [(task, Prediction(task.task_id, response="no code") if program is None
+              else Prediction(task.task_id, code=program)) for task, programs in rollouts.items() for program in programs]
+    with Fleet(workers=1) as fleet:
+        scores = score_predictions(items, fleet.run)
+    terms = [baseline_terms(score, task.buggy_code) for (task, _), score in zip(items, scores)]
+    assert terms[:5] == [(1.0, 0.0), (1.0, 2.0), (1.0, 6.0), (0.0, 1.0), (0.0, 5.0)]
+    rewards = np.array([[[u, ell, float(task.is_clean)] for u, ell in terms[i:i + 5]]
+                        for i, task in zip((0, 5), rollouts)], np.float32)
+    adv = np.asarray(A.compute_advantages(A.AdvantageConfig(name="grpo_clean_rows", weights=(1.0, 1.0, 1.0)),
+                                          jnp.asarray(rewards)))
+    assert np.argmax(adv[0]) == 0
+    assert adv[0, 0] > adv[0, 1] > adv[0, 2]
+    assert np.argmin(adv[0]) == 4  # failing and editing the most (an invalid answer counts as rewriting C)
+    # The buggy row is scored on unit alone: the three passing rollouts tie, whatever their ℓ.
+    np.testing.assert_allclose(adv[1, [0, 2, 4]], adv[1, 0], rtol=1e-6)
+    assert adv[1, 0] > adv[1, 1]

@@ -12,7 +12,7 @@ from jaxrl.cli import main as cli_main
 from reward.data.build import (MIN_GAP, MULTI, MULTI_LINE, SINGLE, BuildConfig, Candidate, build, sample_multi,
                                sample_multi_line, screen, split_of, write)
 from reward.data.mutations import Edit, Mutant, single_line_mutants
-from reward.data.sources import Problem, humaneval_problems, mbpp_problems, pdb_tasks
+from reward.data.sources import Problem, SourceError, humaneval_problems, mbpp_problems, pdb_tasks
 from reward.diff import diff
 from reward.fleet import Fleet
 from reward.sandbox import Job
@@ -228,7 +228,7 @@ def test_pdb_importer_cli_and_missing_tests(tmp_path):
                      "--tests", str(FIXTURES / "pdb_sample_tests.json"), "--out", str(out)]) == 0
     assert len(load_tasks(out)) == 3
     (tmp_path / "tests.json").write_text(json.dumps({"PDB/sum_range": "assert True\n"}))
-    with pytest.raises(KeyError, match="palindrome"):
+    with pytest.raises(SourceError, match="palindrome"):
         pdb_tasks(FIXTURES / "pdb_sample.json", tmp_path / "tests.json")
 
 
@@ -238,3 +238,25 @@ def test_full_humaneval_build_meets_the_scale_targets(tmp_path, run):
     kinds = result.manifest["counts"]["kind"]
     assert kinds["single"] >= 1000 and kinds["multi"] >= 200
     assert result.manifest["problems_dropped"] == []
+
+
+def test_tests_needing_more_than_plain_data_are_marked_and_kept_out_of_train(run):
+    """A problem whose tests call methods of returned objects runs `inprocess`, marked, and not in train."""
+    boxed = Problem("T/box", "toy", "A box holding twice its value.", textwrap.dedent("""\
+        class Box:
+            def __init__(self, v):
+                self.v = v * 2
+            def get(self):
+                return self.v
+        def make(v):
+            return Box(v)
+        """), AssertTests("assert make(2).get() == 4\nassert make(0).get() == 0\n"))
+    result = build([boxed, LOOP], run, BuildConfig(val_fraction=0.0))
+    assert result.manifest["problems_inprocess"] == ["T/box"]
+    assert result.manifest["problems_dropped"] == []
+    assert all(t.meta["tests_mode"] == "proxy" for t in result.files["train"])
+    assert any(t.base_id == "T/loop" for t in result.files["train"])
+    excluded = result.manifest["train_inprocess_excluded"]
+    assert excluded and all(i.startswith("T/box#") for i in excluded)
+    kept = build([boxed], run, BuildConfig(val_fraction=0.0, train_inprocess=True)).files["train"]
+    assert kept and all(t.forgeable and t.meta["tests_mode"] == "inprocess" for t in kept)

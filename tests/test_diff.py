@@ -1,4 +1,4 @@
-"""Line diff, edits, blocks, pairing and apply (REWARD_SPEC.md, "Lines, edits and blocks")."""
+"""Line diff, edits, blocks, pairing and apply (docs/reward.md, "Lines, edits and blocks")."""
 
 import difflib
 import itertools
@@ -41,6 +41,30 @@ def test_delete_and_separate_blocks():
     blocks = diff("a\nb\nc\nd\ne", "a\nc\nd\nE")
     assert kinds(blocks) == [[("delete", 2, "b", None)], [("modify", 5, "e", "E")]]
     assert [b.span for b in blocks] == [(2.0, 2.0), (5.0, 5.0)]
+
+
+def test_blank_line_of_c_separates_blocks_of_one_opcode():
+    # Lines 2 and 4 are consecutive non-blank lines (one replace opcode) but blank line 3 lies between.
+    c = "def inc(x):\n    return x + 2\n\ndef dec(x):\n    return x - 1\n"
+    blocks = diff(c, c.replace("x + 2", "x + 1").replace("dec(x)", "dec(y)"))
+    assert kinds(blocks) == [[("modify", 2, "    return x + 2", "    return x + 1")],
+                             [("modify", 4, "def dec(x):", "def dec(y):")]]
+    assert [b.span for b in blocks] == [(2.0, 2.0), (4.0, 4.0)]
+    # Without the blank line the same edits are one block.
+    joined = c.replace("\n\n", "\n")
+    [block] = diff(joined, joined.replace("x + 2", "x + 1").replace("dec(x)", "dec(y)"))
+    assert block.span == (2.0, 3.0)
+
+
+def test_blank_line_splits_an_insert_from_the_next_edit():
+    # One replace opcode: bbbb -> [zz, bbbX]; bbbb pairs with bbbX, zz is an insert after line 1
+    # (position 1.5); blank line 2 lies between 1.5 and 3: two blocks, the insert-only one at [1.5, 1.5].
+    blocks = diff("a\n\nbbbb\nc", "a\nzz\n\nbbbX\nc")
+    assert kinds(blocks) == [[("insert", 1, None, "zz")], [("modify", 3, "bbbb", "bbbX")]]
+    assert [b.span for b in blocks] == [(1.5, 1.5), (3.0, 3.0)]
+    # Inserts at one place are never split (blank lines of P do not count).
+    [block] = diff("a\n\n\nb", "a\nx\n\ny\n\nb")
+    assert kinds([block]) == [[("insert", 1, None, "x"), ("insert", 1, None, "y")]]
 
 
 def test_insert_at_top_sits_at_half():

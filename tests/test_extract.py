@@ -1,9 +1,9 @@
-"""Response → program extraction (REWARD_SPEC.md, "Extracting the program")."""
+"""Response → program extraction (docs/reward.md, "Extracting the program")."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reward.extract import answer_text, extract_program, fenced_blocks
+from reward.extract import answer_text, extract_program, fenced_blocks, missing_program_reason, prompt_opens_think
 
 
 def test_plain_python_block():
@@ -48,6 +48,20 @@ def test_text_after_last_think_close():
 def test_unclosed_think_has_no_answer():
     assert answer_text("  \n<think>\nI will write ```python\nx\n```") is None
     assert extract_program("  <think>\n```python\nx = 1\n```\n") is None
+
+
+def test_prompt_opened_think_block_must_be_closed():
+    """Qwen3.5/3.6 with thinking on: the prompt ends with <think>, so the response starts inside it."""
+    draft = "The bug is the + 1. Draft:\n```python\nx = 1\n```\n"
+    assert extract_program(draft) == "x = 1"  # a response to a prompt without an open think block
+    assert extract_program(draft, think_opened=True) is None  # cut off while thinking
+    assert answer_text(draft, think_opened=True) is None
+    closed = draft + "</think>\nFixed:\n```python\nx = 2\n```"
+    assert extract_program(closed, think_opened=True) == "x = 2"
+    assert extract_program("thinking</think>\nno code", think_opened=True) is None
+    # A Qwen3 response that opens the block itself and never closes it: invalid either way.
+    assert extract_program("<think>\n" + draft) is None
+    assert extract_program("<think>\n" + draft, think_opened=True) is None
 
 
 def test_think_tag_later_in_text_does_not_hide_answer():
@@ -99,3 +113,32 @@ def test_info_string_is_trimmed_of_spaces_and_tabs_only():
     """CommonMark trims spaces and tabs; a no-break space makes a non-empty info string."""
     assert extract_program("```\u00a0\nq\n```") is None
     assert extract_program("``` \t\nq\n```") == "q"
+
+
+def test_missing_program_reason():
+    assert missing_program_reason("```python\nx\n```") is None
+    assert missing_program_reason("draft ```python\nx\n```", think_opened=True) == "think block never closed"
+    assert missing_program_reason("<think>\nplan") == "think block never closed"
+    assert missing_program_reason("</think>\n```python\nnever closed\n") == "no closed code block"
+    assert missing_program_reason("```bash\nls\n```") == "no python or unlabelled code block"
+
+
+def test_prompt_opens_think_on_rendered_templates():
+    user = "<|im_start|>user\nFix it. (Tags like <think> may appear in tasks.)<|im_end|>\n"
+    assert prompt_opens_think(user + "<|im_start|>assistant\n<think>\n")  # Qwen3.5/3.6, thinking on
+    assert not prompt_opens_think(user + "<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking off
+    assert not prompt_opens_think(user + "<|im_start|>assistant\n")  # Qwen3, thinking on: the model opens it
+    assert prompt_opens_think(user + "<|im_start|>assistant\n<think>\nFirst, the loop")  # prefilled thought
+    assert not prompt_opens_think("plain prompt")
+
+
+def test_prompt_opens_think_on_the_project_chat_templates():
+    from models.tokenizer import render_chat
+
+    msgs = [{"role": "user", "content": "Fix the bug."}]
+    for family in ("qwen3", "qwen3_5"):
+        assert prompt_opens_think(render_chat(msgs, family=family, enable_thinking=True)) == (family == "qwen3_5")
+        assert not prompt_opens_think(render_chat(msgs, family=family, enable_thinking=False))
+        assert prompt_opens_think(render_chat(msgs, family=family, enable_thinking=True, prefill="The loop"))
+        done = render_chat(msgs, family=family, enable_thinking=True, prefill="The loop\n</think>\n\n")
+        assert not prompt_opens_think(done)

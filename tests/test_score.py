@@ -1,4 +1,4 @@
-"""The PreciseCoder scorer against worked cases derived by hand from REWARD_SPEC.md.
+"""The PreciseCoder scorer against worked cases derived by hand from docs/reward.md.
 
 Every expected number below was computed from the spec on paper; the comment
 above each case gives the derivation. Test runs go through the real sandbox
@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from reward.diff import diff
 from reward.fleet import Fleet
-from reward.sandbox import Limits
+from reward.sandbox import Limits, RunResult
 from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
-from reward.score import (Score, aggregate, aligned, analyze, canonical_job, clean_row_terms, components, credit,
-                          ea_grpo_rewards, format_summary, precision_recall_f1, scalar_reward, score_predictions)
+from reward.score import (Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components, credit,
+                          format_summary, identical_pairs, precision_recall_f1, scalar_reward, score_predictions,
+                          span_distance)
 
 MEAN_C = """def mean(xs):
     n = len(xs) + 1
@@ -56,6 +57,16 @@ SQUARE_C = "n = int(input())\nprint(n * n + 1)\n"
 SQUARE = Task("square#1", "square", "print n squared", SQUARE_C, SQUARE_C.replace(" + 1", ""),
               IOTests((IOCase("3\n", "9\n"), IOCase("0\n", "0"))))
 
+# Two functions separated by a blank line; the fix is on line 2, line 4 is two lines away.
+INC_C = "def inc(x):\n    return x + 2\n\ndef dec(x):\n    return x - 1\n"
+INC = Task("inc#1", "inc", "increment and decrement", INC_C, INC_C.replace("x + 2", "x + 1"),
+           AssertTests("assert inc(1) == 2\nassert dec(1) == 0\n"))
+
+# Twin faults with the same fix (== 0 -> == 1) on lines 2 and 6.
+TWIN_C = "def is_one(x):\n    return x == 0\n\ndef first_is_one(xs):\n    x = xs[0]\n    return x == 0\n"
+TWIN = Task("twin#2", "twin", "is one", TWIN_C, TWIN_C.replace("== 0", "== 1"),
+            AssertTests("assert is_one(1) and not is_one(0)\nassert first_is_one([1, 0]) and not first_is_one([0])\n"))
+
 TASKS = [MEAN, TRIO, FIRST, CLEAN, SQUARE]
 
 
@@ -81,6 +92,7 @@ def fleet():
 
 
 def score_one(fleet, task, code=None, response=None, **kw):
+    kw.setdefault("window_batch", 4)  # twice the fleet's workers, fixed so `runs` does not depend on the machine
     [s] = score_predictions([(task, Prediction(task.task_id, response, code))], Recorder(fleet), **kw)
     return s
 
@@ -204,6 +216,55 @@ CASES = [
     ("docs example", MEAN,
      MEAN_FIX.replace("    n = len", "    # the mean divides by len(xs)\n    n = len").replace("y * 2", "y + y"), None,
      {}, dict(unit=1, precision=F(1, 3), recall=1, f1=F(1, 2), reward=F(5, 6), edited_lines=3, blocks=2, runs=4)),
+    # Spec revision 2, blank lines separate blocks: the exact fix on line 2 and a harmful rename on line 4
+    # (dec(y) uses x: NameError) with only the blank line 3 between. One replace opcode, cut at line 3
+    # into {modify 2} (span [2, 2]) and {modify 4} (span [4, 4], 2 lines from δ*: unaligned). K = {δ*,
+    # block 1}: C + block 1 is the solution: verified; cap 2, ℓ_K = 1: credit 1. ℓ = 2: p = 1/2; r = 1;
+    # unit 0 (dec fails), so r̃ = r = 1: f1 = 2·(1/2)·1/(3/2) = 2/3, reward = λ·f1 = 2/9. Runs: P, solution.
+    # (Revision 1 made one block over [2, 4] whose verification is P: all 0.)
+    ("blank line separates blocks", INC, INC_C.replace("x + 2", "x + 1").replace("dec(x)", "dec(y)"), None, {},
+     dict(unit=0, precision=F(1, 2), recall=1, f1=F(2, 3), reward=F(2, 9), edited_lines=2, blocks=2,
+          faults=1, faults_fixed=1, runs=2)),
+    # Spec revision 2, identical edits align one to one: twin faults δ*₁ (line 2) and δ*₂ (line 6), both
+    # == 0 -> == 1; the prediction fixes line 2 only. Identical pairs by distance: (δ*₁, p) at 0 kept,
+    # (δ*₂, p) at 4 dropped (p taken). K = {δ*₁, p}: C + δ*₂ + p = the solution: verified, credit 1.
+    # p = 1/1, r = 1/2, unit 0: f1 = 2·1·(1/2)/(3/2) = 2/3, reward 2/9. Runs: P, solution.
+    # (Revision 1 aligned p with both: K's verification was P itself, which fails: all 0.)
+    ("twin faults, first fixed", TWIN, TWIN_C.replace("x == 0\n\n", "x == 1\n\n"), None, {},
+     dict(unit=0, precision=1, recall=F(1, 2), f1=F(2, 3), reward=F(2, 9), faults=2, faults_fixed=1, runs=2)),
+    # The same fix of line 6 only: (δ*₂, p) at distance 0 comes first: the same scores.
+    ("twin faults, second fixed", TWIN, TWIN_C[:-2] + "1\n", None, {},
+     dict(unit=0, precision=1, recall=F(1, 2), f1=F(2, 3), reward=F(2, 9), faults=2, faults_fixed=1, runs=2)),
+    # Both fixed: pairs (δ*₁, p₁) and (δ*₂, p₂) at 0: two verified components, all 1.
+    ("twin faults, both fixed", TWIN, TWIN.solution, None, {},
+     dict(unit=1, precision=1, recall=1, f1=1, reward=1, faults_fixed=2, runs=1)),
+    # Bounded window search: the comment-above case (windows [insert comment], [modify 2]) with
+    # max_window_runs = 1: the comment's window fails and uses the budget before any window passes,
+    # so |ess_K| = ℓ_K = 2, credit min(2, cap 2) = 2: p = 1, f1 = 1, reward 1, capped. Runs: P, 1 window.
+    ("window search capped", MEAN, MEAN_FIX.replace("    n = len", "    # drop the + 1\n    n = len"), None,
+     {"max_window_runs": 1}, dict(unit=1, precision=1, f1=1, reward=1, window_search_capped=True, runs=2)),
+    # A bound of 2 reaches the passing window: p = 1/2 as without a bound, not capped.
+    ("window search within the bound", MEAN, MEAN_FIX.replace("    n = len", "    # drop the + 1\n    n = len"),
+     None, {"max_window_runs": 2}, dict(precision=F(1, 2), window_search_capped=False, runs=3)),
+    # The rewrite with ε = 5 tries 5 windows, all failing: a bound of exactly 5 is not reached before the
+    # search ends (|ess| = 3 by exhaustion, not capped); a bound of 0 caps at once: |ess| = 3 too.
+    ("bound equal to the windows needed", MEAN,
+     MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                    "    count = len(xs)\n    acc = sum(xs)\n    return acc / count"), None,
+     {"epsilon": 5, "max_window_runs": 5}, dict(precision=1, window_search_capped=False, runs=6)),
+    ("bound zero", MEAN,
+     MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                    "    count = len(xs)\n    acc = sum(xs)\n    return acc / count"), None,
+     {"epsilon": 5, "max_window_runs": 0}, dict(precision=1, window_search_capped=True, runs=1)),
+    # Windows one at a time: [modify 2] passes first, so [modify 3] is never run (3 runs with batches of 4).
+    ("window batch of one", MEAN, MEAN_FIX.replace("sum(xs)", "sum(xs[:])"), None, {"window_batch": 1},
+     dict(precision=0.5, runs=2)),
+    # Cut-off thinking: a prompt that opened <think> and a response that never closes it: invalid, even
+    # though the draft holds the exact fix.
+    ("think opened by the prompt, never closed", MEAN, None, "the fix is\n" + fence(MEAN_FIX), {"think_opened": True},
+     dict(valid=False, unit=0, precision=0, recall=0, reward=0, edited_lines=None, runs=0)),
+    ("think opened by the prompt and closed", MEAN, None, "the fix is\n</think>\n" + fence(MEAN_FIX),
+     {"think_opened": True}, dict(valid=True, unit=1, reward=1)),
     # λ = 0.5 on the fix plus an unrelated edit: 0.5 + 0.5·2/3.
     ("lambda", MEAN, MEAN_FIX.replace("y * 2", "y + y"), None, {"lam": 0.5}, dict(reward=F(5, 6))),
 ]
@@ -256,6 +317,50 @@ def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
     assert [s.runs for s in scores] == [1, 1, 6, 1, 2, 0]
 
 
+class FakeRuns:
+    """A run_batch without a sandbox: a program passes iff it holds the fix `x + 1`; records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, jobs):
+        self.calls.append(len(jobs))
+        return [RunResult("x + 1" in job.program, "pass" if "x + 1" in job.program else "fail", 0.0) for job in jobs]
+
+
+INC1 = Task("inc1", "inc1", "increment", "def f(x):\n    return x + 2\n", "def f(x):\n    return x + 1\n",
+            AssertTests("assert f(1) == 2\n"))
+
+
+def _padded_fix(n, before):
+    comments = "".join(f"    # note {i}\n" for i in range(n))
+    return "def f(x):\n" + (comments + "    return x + 1\n" if before else "    return x + 1\n" + comments)
+
+
+def test_window_batches_and_bound_without_a_sandbox():
+    # The fix then 10 comments: one component (cap 2, windows of 1: [fix], [c0] ... [c9]). Batches of 3:
+    # the first batch holds the fix, which passes: 3 window runs in one call, no second batch.
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=False)))], runs, window_batch=3)
+    assert runs.calls == [1, 3]  # the answer (= the verification program), then one batch of windows
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(1 / 11), False, 4)
+    # 10 comments then the fix: windows [c0] ... [c9], [fix]. A bound of 4 in batches of 3: [c0-c2], [c3],
+    # all failing: capped, |ess| = ℓ_K = 11, credit = cap = 2, precision 2/11.
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=True)))], runs,
+                            window_batch=3, max_window_runs=4)
+    assert runs.calls == [1, 3, 1]
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(2 / 11), True, 5)
+    assert s.components[0].essential == 11
+    # Unbounded, the search reaches the fix: |ess| = 1 after all 11 windows (4 batches of at most 3).
+    runs = FakeRuns()
+    [s] = score_predictions([(INC1, Prediction("inc1", code=_padded_fix(10, before=True)))], runs, window_batch=3)
+    assert runs.calls == [1, 3, 3, 3, 2]
+    assert (s.precision, s.window_search_capped, s.runs) == (pytest.approx(1 / 11), False, 12)
+    with pytest.raises(ValueError):
+        score_predictions([], runs, max_window_runs=-1)
+
+
 def test_empty_batch_makes_no_calls(fleet):
     rec = Recorder(fleet)
     assert score_predictions([(MEAN, Prediction(MEAN.task_id, response="none"))], rec)[0].valid is False
@@ -268,10 +373,37 @@ def test_empty_batch_makes_no_calls(fleet):
 def test_alignment_distance_and_identity():
     [ref] = diff("a\nb\nc\nd\ne\nf", "a\nB\nc\nd\ne\nf")
     near, far = diff("a\nb\nc\nd\ne\nf", "a\nb\nC\nd\ne\nf")[0], diff("a\nb\nc\nd\ne\nf", "a\nb\nc\nD\ne\nf")[0]
-    assert aligned(ref, near) and not aligned(ref, far)
+    assert (span_distance(ref, near), span_distance(ref, far)) == (1, 2)
+    assert alignment([ref], [near]) == {(0, 0)} and alignment([ref], [far]) == set()
     [twin] = diff("b\nx\ny\nz\nb", "b\nx\ny\nz\nB")
     [ref2] = diff("b\nx\ny\nz\nb", "B\nx\ny\nz\nb")
-    assert aligned(ref2, twin)
+    assert alignment([ref2], [twin]) == {(0, 0)}
+
+
+def test_identical_edits_pair_one_to_one_nearest_first():
+    lines = ["b", "x1", "x2", "b", "x3", "x4", "b", "x5", "x6", "b"]  # b on lines 1, 4, 7, 10
+
+    def fixed(*at):
+        return "\n".join("B" if n in at else text for n, text in enumerate(lines, start=1))
+
+    c = "\n".join(lines)
+    refs = diff(c, fixed(1, 4, 7, 10))  # four identical reference blocks
+    assert [r.span for r in refs] == [(1, 1), (4, 4), (7, 7), (10, 10)]
+    # One prediction at line 7: only the reference at 7 (distance 0) takes it.
+    [at7] = diff(c, fixed(7))
+    assert identical_pairs(refs, [at7]) == {(2, 0)}
+    assert alignment(refs, [at7]) == {(2, 0)}
+    # Equal distances go to the lower reference index: references at 1 and 7, prediction at 4.
+    [at4] = diff(c, fixed(4))
+    assert identical_pairs([refs[0], refs[2]], [at4]) == {(0, 0)}
+    # Two predictions, four references: nearest pairs first, each block used once.
+    preds = diff(c, fixed(4, 10))
+    assert identical_pairs(refs, preds) == {(1, 0), (3, 1)}
+    assert components(refs, preds) == [((1,), (0,)), ((3,), (1,))]
+    # Distance ≤ 1 still aligns whatever the identity pairing: a prediction at line 2 (x1 -> B) is 1 from
+    # the reference at 1 and identical to none.
+    [near] = diff(c, "\n".join(["b", "B"] + lines[2:]))
+    assert alignment(refs, [near]) == {(0, 0)}
 
 
 def test_components_chain_through_shared_blocks():
@@ -294,24 +426,15 @@ def test_score_math_golden():
     assert scalar_reward(1, None) == pytest.approx(2 / 3)
 
 
-def test_ea_grpo_golden():
-    # mean u = 5/6 ≥ 0.8: gated. Passing D = 1,2,3,2,2: μ = 2, σ = sqrt(2/5) = 0.632456;
-    # sigmoid(±1/σ = ±1.581139) = 0.170634 / 0.829366.
-    got = ea_grpo_rewards([1, 1, 1, 1, 1, 0], [1, 2, 3, 2, 2, None])
-    assert got == pytest.approx([1 - 0.05 * 0.170634, 0.975, 1 - 0.05 * 0.829366, 0.975, 0.975, 0.0], abs=1e-6)
-    assert ea_grpo_rewards([1, 0, 0, 0, 0, 0], [5, 1, 1, None, 2, 2]) == [1.0, 0, 0, 0, 0, 0]
-    assert ea_grpo_rewards([1, 1, 1, 1], [2, 2, 2, 2]) == [0.975] * 4
-    assert ea_grpo_rewards([0, 0], [None, 1]) == [0.0, 0.0]
-
-
-def test_gdpo_vector_and_clean_row_terms(fleet):
+def test_gdpo_vector_and_baseline_terms(fleet):
     s = score_one(fleet, MEAN, MEAN_FIX.replace("y * 2", "y + y"))
     assert s.vector == pytest.approx((1.0, 2 / 3))
     clean = score_one(fleet, CLEAN, MEAN_FIX)
     assert clean.vector == (1.0, 0.0)
-    assert clean_row_terms(clean, CLEAN.buggy_code) == (1.0, -0.0)
+    assert baseline_terms(clean, CLEAN.buggy_code) == (1.0, 0.0)
+    assert baseline_terms(s, MEAN.buggy_code) == (1.0, 2.0)
     invalid = score_one(fleet, CLEAN, None, "none")
-    assert clean_row_terms(invalid, CLEAN.buggy_code) == (0.0, -6.0)
+    assert baseline_terms(invalid, CLEAN.buggy_code) == (0.0, 6.0)
 
 
 def _score(task_id, unit, p, r, f1, ell, valid=True, noop=False, damage=None):
@@ -432,26 +555,47 @@ def padded_fix(draw, task):
 @SETTINGS
 @given(st.data())
 def test_batched_window_search_matches_sequential_search(fleet, data):
-    task = data.draw(st.sampled_from([MEAN, TRIO, FIRST]))
+    """Any batch size gives the scores of the spec's one-window-at-a-time search with its budget."""
+    task = data.draw(st.sampled_from([MEAN, TRIO, FIRST, TWIN]))
     program, eps = data.draw(padded_fix(task)), data.draw(st.integers(0, 3))
-    score = score_one(fleet, task, program, epsilon=eps)
+    budget, batch = data.draw(st.integers(0, 6)), data.draw(st.sampled_from([1, 2, 3, 7]))
+    score = score_one(fleet, task, program, epsilon=eps, max_window_runs=budget, window_batch=batch)
 
     def passes(text):
         return fleet.run([canonical_job(text, task.tests, Limits())])[0].passed
 
+    # The sequential search: sizes s = 1, 2, ...; per size, components in order, windows in position
+    # order; each window tried costs one of the budget; an empty budget with a window still to try caps.
     analysis = analyze(task.buggy_code, task.solution, program, eps)
-    expected = []
-    for k in analysis.components:
+    comps = analysis.components
+    essential = {}
+    for i, k in enumerate(comps):
         if not passes(k.program(task.buggy_code)):
-            expected.append(None)
-            continue
-        essential = k.size
-        for s in range(1, k.search_bound + 1):
-            if any(passes(k.program(task.buggy_code, w)) for w in k.windows(s)):
-                essential = s
-                break
-        expected.append(essential)
-    assert [c.essential for c in score.components] == expected
+            essential[i] = None
+        elif k.search_bound < 1:
+            essential[i] = k.size
+    capped = False
+    for s in range(1, max((k.search_bound for k in comps), default=0) + 1):
+        for i, k in enumerate(comps):
+            if i in essential or s > k.search_bound:
+                continue
+            for window in k.windows(s):
+                if budget == 0:
+                    capped = True
+                    break
+                budget -= 1
+                if passes(k.program(task.buggy_code, window)):
+                    essential[i] = s
+                    break
+            else:
+                if s == k.search_bound:
+                    essential[i] = k.size
+    for i, k in enumerate(comps):
+        if i not in essential:
+            assert capped
+            essential[i] = k.size
+    assert [c.essential for c in score.components] == [essential[i] for i in range(len(comps))]
+    assert score.window_search_capped is capped
 
 
 def test_unicode_whitespace_python_rejects_is_not_stripped_before_running(fleet):

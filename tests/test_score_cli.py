@@ -19,7 +19,7 @@ TASKS = [
     Task("inc#2", "inc", "increment", BUGGY, FIXED, TESTS, epsilon=0),
 ]
 KEYS = {"task_id", "valid", "unit", "precision", "recall", "f1", "edited_lines", "faults", "faults_fixed",
-        "noop", "damage", "reward", "blocks", "components", "runs"}
+        "noop", "damage", "reward", "blocks", "components", "runs", "window_search_capped"}
 
 
 def _files(tmp_path, predictions):
@@ -71,6 +71,27 @@ def test_epsilon_flag_and_task_override(tmp_path):
     assert [r["runs"] for r in rows] == [3, 1]
 
 
+def test_max_window_runs_and_think_opened_flags(tmp_path):
+    # Comment + fix in one block: windows [insert comment] (fails), [modify] (passes). With
+    # --max-window-runs 1 the bound is reached first: |ess| = ℓ_K = 2, credit 2, p = 1, capped.
+    code = FIXED.replace("    return x + 1", "    # off by one\n    return x + 1")
+    answer = f"```python\n{FIXED}```"
+    tasks, preds = _files(tmp_path, [Prediction("inc#1", code=code), Prediction("inc#1", response=answer),
+                                     Prediction("inc#1", response=answer, think_opened=False)])
+    out = tmp_path / "scores.jsonl"
+    args = ["score", "--tasks", str(tasks), "--predictions", str(preds), "--out", str(out), "--workers", "1",
+            "--no-progress"]
+    assert main(args + ["--max-window-runs", "1", "--think-opened"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rows[0]["precision"], rows[0]["window_search_capped"], rows[0]["runs"]) == (1.0, True, 2)
+    # --think-opened: a response without </think> has no answer, unless the record says otherwise.
+    assert [r["valid"] for r in rows[1:]] == [False, True]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rows[0]["precision"], rows[0]["window_search_capped"]) == (0.5, False)
+    assert [r["valid"] for r in rows[1:]] == [True, True]
+
+
 def test_malformed_record_names_file_and_line(tmp_path, capsys):
     tasks, preds = _files(tmp_path, [Prediction("inc#1", code=FIXED)])
     preds.write_text(preds.read_text() + '{"task_id": "inc#1"}\n')
@@ -98,8 +119,13 @@ def test_bad_json_in_tasks(tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_score_prints_table_and_json():
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_score.py"
-    done = subprocess.run([sys.executable, str(script), "--tasks", "6", "--k", "2", "--workers", "2", "--json"],
+    done = subprocess.run([sys.executable, str(script), "--tasks", "6", "--k", "2", "--workers", "2", "--json",
+                           "--worst-lines", "300"],
                           capture_output=True, text=True, timeout=300, check=True)
     lines = done.stdout.strip().splitlines()
     assert "preds/s" in done.stdout
-    assert set(json.loads(lines[-1])) == {"predictions_per_s", "runs_per_prediction", "batch96_s"}
+    summary = json.loads(lines[-1])
+    assert set(summary) == {"predictions_per_s", "runs_per_prediction", "batch96_s", "worst_case"}
+    # 300 lines before the fix: the first 256 windows (comments) fail, so the bound caps the search.
+    assert summary["worst_case"]["before"]["runs"] <= 2 + 256 and summary["worst_case"]["before"]["window_search_capped"]
+    assert not summary["worst_case"]["after"]["window_search_capped"]

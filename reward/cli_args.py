@@ -1,0 +1,78 @@
+"""Argument types and checks shared by the reward CLIs: bad input ends in one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from reward.schema import MAX_MEMORY_MB, MAX_TIMEOUT_S
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite wall-clock limit in (0, 1 day]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}")
+    return value
+
+
+def megabytes(text: str) -> int:
+    """argparse type: a memory limit in MiB."""
+    value = positive_int(text)
+    if value > MAX_MEMORY_MB:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_MEMORY_MB}, got {value}")
+    return value
+
+
+def output_file_error(path: str | None) -> str | None:
+    """Why `path` cannot be written as an output file (checked before any run starts), or None."""
+    if path is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path}: is a directory"
+    if not os.path.isdir(parent):
+        return f"{path}: directory {parent} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"{path}: directory {parent} is not writable"
+    return None
+
+
+def output_dir_error(path: str) -> str | None:
+    """Why `path` cannot be used (or made) as an output directory, or None."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{path}: exists and is not a directory"
+        return None if os.access(path, os.W_OK) else f"{path}: directory is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        return f"{path}: cannot be created under {parent}"
+    return None

@@ -1,0 +1,217 @@
+"""Plain data across the sandbox boundary: a tagged JSON encoding that is safe on hostile bytes.
+
+Stdlib only and free of `from __future__`: this source is also prepended to the
+sandbox servers' sources, which run in a bare interpreter (`python -I -S -c`).
+
+Only None, bool, int, float (inf and nan included), complex, str, bytes,
+bytearray, list, tuple, dict, set and frozenset cross, nested at most
+`MAX_DEPTH` deep, at most `MAX_ITEMS` values and `MAX_BYTES` bytes per message.
+JSON null, booleans, integers of at most 63 bits and strings stand for
+themselves; every other value is a JSON list whose first element names its type
+(`["int", "<hex>"]` for larger integers, `["float", "nan"]`,
+`["tuple", [...]]`, `["dict", [[k, v], ...]]`). A subclass of a plain type
+crosses as its base type, so the receiver only ever builds built-in values:
+no pickle, no marshal, no object whose methods the sender chose.
+
+Frames on a stream socket are a 4-byte big-endian length and a UTF-8 JSON object.
+"""
+
+import base64
+import json
+import struct
+
+MAX_DEPTH = 100
+MAX_ITEMS = 1_000_000
+MAX_BYTES = 16 << 20
+MAX_INT_BITS = 1 << 20
+_JSON_INT_BITS = 63  # larger integers cross in hexadecimal (no decimal digit limit applies)
+
+
+class CodecError(ValueError):
+    """A value that is not plain data, or bytes that are not a valid encoding."""
+
+
+class _Budget:
+    __slots__ = ("items",)
+
+    def __init__(self):
+        self.items = 0
+
+    def spend(self):
+        self.items += 1
+        if self.items > MAX_ITEMS:
+            raise CodecError(f"more than {MAX_ITEMS} values")
+
+
+def _float_text(x):
+    return repr(float(x))
+
+
+def to_wire(value, depth=0, budget=None):
+    """The JSON-ready form of a plain-data value; raises CodecError for anything else."""
+    budget = budget or _Budget()
+    budget.spend()
+    if depth > MAX_DEPTH:
+        raise CodecError(f"nested deeper than {MAX_DEPTH}")
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        number = int.__index__(value)
+        bits = number.bit_length()
+        if bits > MAX_INT_BITS:
+            raise CodecError(f"integer over {MAX_INT_BITS} bits")
+        return number if bits <= _JSON_INT_BITS else ["int", format(number, "x")]
+    if isinstance(value, float):
+        return ["float", _float_text(value)]
+    if isinstance(value, complex):
+        return ["complex", _float_text(value.real), _float_text(value.imag)]
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bytes):
+        return ["bytes", base64.b64encode(bytes(value)).decode("ascii")]
+    if isinstance(value, bytearray):
+        return ["bytearray", base64.b64encode(bytes(value)).decode("ascii")]
+    d = depth + 1
+    if isinstance(value, list):
+        return ["list", [to_wire(v, d, budget) for v in list.__iter__(value)]]
+    if isinstance(value, tuple):
+        return ["tuple", [to_wire(v, d, budget) for v in tuple.__iter__(value)]]
+    if isinstance(value, dict):
+        return ["dict", [[to_wire(k, d, budget), to_wire(v, d, budget)] for k, v in dict.items(value)]]
+    if isinstance(value, frozenset):
+        return ["frozenset", [to_wire(v, d, budget) for v in frozenset.__iter__(value)]]
+    if isinstance(value, set):
+        return ["set", [to_wire(v, d, budget) for v in set.__iter__(value)]]
+    raise CodecError(f"a value of type {type(value).__name__} is not plain data")
+
+
+def _float(text):
+    if not isinstance(text, str) or len(text) > 64:
+        raise CodecError("bad float")
+    try:
+        return float(text)
+    except ValueError:
+        raise CodecError("bad float") from None
+
+
+def _items(payload, depth, budget):
+    if not isinstance(payload, list):
+        raise CodecError("bad container")
+    return [from_wire(v, depth + 1, budget) for v in payload]
+
+
+def _bytes(payload):
+    if not isinstance(payload, str):
+        raise CodecError("bad bytes")
+    try:
+        return base64.b64decode(payload.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise CodecError("bad bytes") from None
+
+
+def from_wire(obj, depth=0, budget=None):
+    """Rebuild a plain-data value from its wire form; raises CodecError on anything malformed."""
+    budget = budget or _Budget()
+    budget.spend()
+    if depth > MAX_DEPTH:
+        raise CodecError(f"nested deeper than {MAX_DEPTH}")
+    if obj is None or type(obj) in (bool, str):
+        return obj
+    if type(obj) is int:
+        if obj.bit_length() > _JSON_INT_BITS:
+            raise CodecError("a large integer must use the int tag")
+        return obj
+    if type(obj) is not list or not obj or type(obj[0]) is not str:
+        raise CodecError(f"not a plain-data encoding: {type(obj).__name__}")
+    tag, rest = obj[0], obj[1:]
+    try:
+        if tag == "int" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= MAX_INT_BITS // 4 + 1:
+            try:
+                return int(rest[0], 16)
+            except ValueError:
+                raise CodecError("bad int") from None
+        if tag == "float" and len(rest) == 1:
+            return _float(rest[0])
+        if tag == "complex" and len(rest) == 2:
+            return complex(_float(rest[0]), _float(rest[1]))
+        if tag == "bytes" and len(rest) == 1:
+            return _bytes(rest[0])
+        if tag == "bytearray" and len(rest) == 1:
+            return bytearray(_bytes(rest[0]))
+        if len(rest) == 1:
+            if tag == "list":
+                return _items(rest[0], depth, budget)
+            if tag == "tuple":
+                return tuple(_items(rest[0], depth, budget))
+            if tag == "set":
+                return set(_items(rest[0], depth, budget))
+            if tag == "frozenset":
+                return frozenset(_items(rest[0], depth, budget))
+            if tag == "dict":
+                pairs = rest[0]
+                if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
+                    raise CodecError("bad dict")
+                return {from_wire(k, depth + 1, budget): from_wire(v, depth + 1, budget) for k, v in pairs}
+    except TypeError as e:  # an unhashable key or set member
+        raise CodecError(str(e)) from None
+    raise CodecError(f"unknown tag {tag[:20]!r}")
+
+
+def encode(value):
+    """Wire form of a plain-data value as JSON text."""
+    return json.dumps(to_wire(value), ensure_ascii=True, allow_nan=False)
+
+
+def decode(text):
+    """The plain-data value of JSON text from `encode`."""
+    return from_wire(loads(text))
+
+
+def loads(data):
+    """json.loads that turns every failure on hostile input into CodecError."""
+    if len(data) > MAX_BYTES:
+        raise CodecError(f"message over {MAX_BYTES} bytes")
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise CodecError(f"malformed message: {str(e)[:100]}") from None
+
+
+def _no_constant(name):
+    raise CodecError(f"non-standard JSON constant {name}")
+
+
+def frame(obj):
+    """A length-prefixed frame of one JSON object (the object holds wire values, not raw ones)."""
+    body = json.dumps(obj, ensure_ascii=True, allow_nan=False).encode("ascii")
+    if len(body) > MAX_BYTES:
+        raise CodecError(f"message over {MAX_BYTES} bytes")
+    return struct.pack(">I", len(body)) + body
+
+
+def send_frame(sock, obj):
+    sock.sendall(frame(obj))
+
+
+def _recv_exact(sock, n):
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError("peer closed the channel")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock):
+    """One JSON object from a frame; EOFError when the peer is gone, CodecError when it is malformed."""
+    (size,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if size > MAX_BYTES:
+        raise CodecError(f"message over {MAX_BYTES} bytes")
+    obj = loads(_recv_exact(sock, size))
+    if type(obj) is not dict:
+        raise CodecError("a message must be a JSON object")
+    return obj

@@ -1,0 +1,321 @@
+"""Programs that attack the sandbox's verdict (each must fail), and right programs of many kinds (each must pass).
+
+Shared by tests/test_sandbox.py (verdicts) and tests/test_sandbox_score.py (reward 0 through
+`precisecoder score`). Every hostile program is wrong: it can only pass by forging or stealing
+the verdict. A secret expected value (`SECRET`) appears only in the tests, or in an io case's
+expected stdout.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+SECRET = "S3CR3T-" + "7f1c9a"
+
+# Finds the secret anywhere the program can look: live objects, frames (its own, other threads',
+# tracebacks'), open descriptors, the environment, the disk. Returns "" when it finds nothing.
+SEARCH = '''
+import gc, os, sys, threading
+PREFIX = "S3CR3T" + "-"
+def _hits(text):
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    if not isinstance(text, str):
+        return None
+    i = text.find(PREFIX)
+    while i >= 0:
+        cand = text[i:i + 13]
+        if len(cand) == 13 and cand != PREFIX:
+            return cand
+        i = text.find(PREFIX, i + 1)
+    return None
+def _frames():
+    out = []
+    for frame in list(sys._current_frames().values()) + [sys._getframe()]:
+        while frame is not None:
+            out.append(frame)
+            frame = frame.f_back
+    try:
+        raise RuntimeError
+    except RuntimeError as e:
+        tb = e.__traceback__
+        frame = tb.tb_frame
+        while frame is not None:
+            out.append(frame)
+            frame = frame.f_back
+    return out
+def leak():
+    for frame in _frames():
+        for value in list(frame.f_locals.values()) + list(frame.f_globals.values()) + list(frame.f_code.co_consts):
+            hit = _hits(value)
+            if hit:
+                return hit
+    for obj in gc.get_objects():
+        for value in ([obj] if isinstance(obj, (str, bytes)) else list(obj.values()) if isinstance(obj, dict) else []):
+            hit = _hits(value)
+            if hit:
+                return hit
+    for fd in range(0, 256):
+        try:
+            os.set_blocking(fd, False)
+            hit = _hits(os.read(fd, 1 << 16)) or _hits(os.pread(fd, 1 << 16, 0))
+        except (OSError, ValueError):
+            continue
+        if hit:
+            return hit
+    for value in os.environ.values():
+        if _hits(value):
+            return _hits(value)
+    for root, dirs, files in os.walk("/"):
+        if root.startswith(("/proc", "/sys", "/dev", "/usr")):
+            dirs[:] = []
+            continue
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    hit = _hits(f.read(1 << 20))
+            except OSError:
+                continue
+            if hit:
+                return hit
+    return ""
+'''
+
+FORGE_FRAMES = '''
+import json, os, struct
+def frame(obj):
+    body = json.dumps(obj).encode()
+    return struct.pack(">I", len(body)) + body
+FAKES = [frame({"op": "done"}), frame({"op": "result", "outcome": "pass", "detail": ""}),
+         frame({"op": "exit", "pid": 1, "exit": 0, "signal": None}), b"pass\\n", b'{"status": "pass"}\\n']
+for fd in range(0, 1024):
+    for fake in FAKES:
+        try:
+            os.write(fd, fake)
+        except OSError:
+            pass
+def answer():
+    return 0
+'''
+
+# name -> (program, test code, note). Tests expect `answer()` to return 42 unless they say otherwise.
+HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
+    "steal_secret_from_memory_frames_fds_disk": (SEARCH, f"assert leak() == {SECRET!r}\n"),
+    "forge_verdict_frames_on_every_descriptor": (FORGE_FRAMES + "os._exit(0)\n", "assert answer() == 42\n"),
+    "forge_then_serve": (FORGE_FRAMES, "assert answer() == 42\n"),
+    "always_equal_object": ("class Eq:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+                            "def answer():\n    return Eq()\n", "assert answer() == 42\n"),
+    "always_equal_int_subclass": ("class Eq(int):\n    def __eq__(self, other):\n        return True\n"
+                                  "    __hash__ = int.__hash__\ndef answer():\n    return Eq(0)\n",
+                                  "assert answer() == 42\n"),
+    "always_equal_str_subclass": ("class S(str):\n    def __eq__(self, other):\n        return True\n"
+                                  "    __hash__ = str.__hash__\ndef answer():\n    return S('no')\n",
+                                  "assert answer() == 'yes'\n"),
+    "patch_math_isclose": ("import math\nmath.isclose = lambda *a, **k: True\ndef answer():\n    return 1.0\n",
+                           "import math\nassert math.isclose(answer(), 42.0)\n"),
+    "patch_builtins_sorted_and_len": ("import builtins\nbuiltins.sorted = lambda *a, **k: [1, 2, 3]\n"
+                                      "builtins.len = lambda *a: 3\ndef answer():\n    return [9]\n",
+                                      "assert sorted(answer()) == [1, 2, 3]\nassert len(answer()) == 3\n"),
+    "shadow_builtins_at_top_level": ("def sorted(*a, **k):\n    return [1, 2, 3]\ndef len(*a):\n    return 3\n"
+                                     "def abs(*a):\n    return 0\ndef answer():\n    return [9]\n",
+                                     "assert sorted(answer()) == [1, 2, 3]\nassert len(answer()) == 3\n"
+                                     "assert abs(answer()[0] - 1) < 1\n"),
+    "shadow_isclose_the_tests_import": ("def isclose(*a, **k):\n    return True\ndef answer():\n    return 1.0\n",
+                                        "from math import isclose\nassert isclose(answer(), 42.0)\n"),
+    "patch_os_write_and_exit_hooks": ("import atexit, os, threading\natexit.register(os._exit, 0)\n"
+                                      "threading._shutdown = lambda: os._exit(0)\nos.write = lambda *a: len(a[1])\n"
+                                      "def answer():\n    return 0\n", "assert answer() == 42\n"),
+    "exit_zero_inside_the_call": ("import sys\ndef answer():\n    sys.exit(0)\n", "assert answer() == 42\n"),
+    "os_exit_inside_the_call": ("import os\ndef answer():\n    os._exit(0)\n", "assert answer() == 42\n"),
+    "keyboard_interrupt_inside_the_call": ("def answer():\n    raise KeyboardInterrupt\n",
+                                           "try:\n    assert answer() == 42\nexcept Exception:\n    pass\n"),
+    "raise_what_the_test_expects_for_wrong_input": (
+        "def answer(x):\n    raise ValueError('x')\n",
+        "try:\n    answer(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\nassert answer(1) == 42\n"),
+    "return_a_generator": ("def answer():\n    yield 42\n", "assert list(answer()) == [42]\n"),
+    "return_a_function": ("def answer():\n    return lambda: 42\n", "assert answer() == 42\n"),
+    "return_huge_string": ("def answer():\n    return 'x' * (64 << 20)\n", "assert answer() == 42\n"),
+    "return_deep_nesting": ("def answer():\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n",
+                            "assert answer() == 42\n"),
+    "garbage_on_the_judge_socket": ("import os\ndef answer():\n    for fd in range(3, 64):\n        try:\n"
+                                    "            os.write(fd, b'\\xff' * 1000)\n        except OSError:\n"
+                                    "            pass\n    return 0\n", "assert answer() == 42\n"),
+    "fake_ready_message_without_names": (
+        "import json, os, struct\nbody = json.dumps({'op': 'ready', 'names': {}}).encode()\n"
+        "for fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n"
+        "    except OSError:\n        pass\ndef answer():\n    return 0\n", "assert answer() == 42\n"),
+    "fake_ready_replacing_builtins_and_names": (
+        "import json, os, struct\nnames = {'__builtins__': ['value', ['dict', []]], '__name__': ['value', 'x'],\n"
+        "         'answer': ['module', 'math'], 'expected': ['value', 0]}\n"
+        "body = json.dumps({'op': 'ready', 'names': names}).encode()\n"
+        "for fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n"
+        "    except OSError:\n        pass\ndef answer():\n    return 0\n",
+        "expected = 42\nassert answer() == expected\n"),
+    "signal_and_trace_everyone": (
+        "import ctypes, os, signal\nlibc = ctypes.CDLL(None)\nfor pid in range(1, 5000):\n"
+        "    for sig in (signal.SIGSTOP, signal.SIGKILL):\n        try:\n            os.kill(pid, sig) if pid != 1 else None\n"
+        "        except OSError:\n            pass\n    libc.ptrace(16, pid, 0, 0)\n"
+        "def answer():\n    return 0\n", "assert answer() == 42\n"),
+    "override_the_tests_check_function": ("def check(candidate):\n    pass\ndef answer():\n    return 0\n",
+                                          "def check(candidate):\n    assert candidate() == 42\ncheck(answer)\n"),
+    "print_pass_markers": ("print('PASS')\nprint('{\"status\": \"pass\", \"passed\": true}')\ndef answer():\n"
+                           "    return 0\n", "assert answer() == 42\n"),
+    "write_into_hidden_packages_for_later_runs": (
+        "import os\nfor d in ('/usr/lib/python3/dist-packages', '/usr/local/lib/python3.11/dist-packages'):\n"
+        "    try:\n        open(os.path.join(d, 'sitecustomize.py'), 'w').write('x')\n    except OSError:\n"
+        "        pass\ndef answer():\n    return 0\n", "assert answer() == 42\n"),
+}
+
+# A right program for each hostile case's tests (default: answer() returns 42).
+SOLUTIONS = {
+    "steal_secret_from_memory_frames_fds_disk": f"def leak():\n    return {SECRET!r}\n",
+    "always_equal_str_subclass": "def answer():\n    return 'yes'\n",
+    "patch_builtins_sorted_and_len": "def answer():\n    return [3, 1, 2]\n",
+    "shadow_builtins_at_top_level": "def answer():\n    return [1, 3, 2]\n",
+    "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < 0:\n        raise ValueError(x)\n"
+                                                   "    return 42\n",
+    "return_a_generator": "def answer():\n    return [42]\n",
+    "io_steal_expected_output": f"print({SECRET!r})\n",
+    "io_forge_frames": f"print({SECRET!r})\n",
+}
+DEFAULT_SOLUTION = "def answer():\n    return 42\n"
+# The buggy program of each case's task: one wrong line of its solution.
+BUGGY = {
+    "steal_secret_from_memory_frames_fds_disk": "def leak():\n    return ''\n",
+    "always_equal_str_subclass": "def answer():\n    return 'no'\n",
+    "patch_builtins_sorted_and_len": "def answer():\n    return [3, 1]\n",
+    "shadow_builtins_at_top_level": "def answer():\n    return [1, 3]\n",
+    "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < -5:\n        raise ValueError(x)\n"
+                                                   "    return 42\n",
+    "return_a_generator": "def answer():\n    return [41]\n",
+    "io_steal_expected_output": "print('')\n",
+    "io_forge_frames": "print('')\n",
+}
+DEFAULT_BUGGY = "def answer():\n    return 41\n"
+
+HOSTILE_IO: dict[str, tuple[str, str, str]] = {
+    # name -> (program, stdin, expected stdout)
+    "io_steal_expected_output": (SEARCH + "print(leak())\n", "", SECRET + "\n"),
+    "io_forge_frames": (FORGE_FRAMES + "print('wrong')\n", "", SECRET + "\n"),
+}
+
+RIGHT_ASSERT: dict[str, tuple[str, str]] = {
+    "helper_classes": (textwrap.dedent('''
+        class Stack:
+            def __init__(self):
+                self.items = []
+            def push(self, x):
+                self.items.append(x)
+            def pop(self):
+                return self.items.pop()
+        def balanced(text):
+            s = Stack()
+            for ch in text:
+                if ch == "(":
+                    s.push(ch)
+                elif ch == ")":
+                    if not s.items:
+                        return False
+                    s.pop()
+            return not s.items
+        '''), "assert balanced('(())()')\nassert not balanced('(()')\nassert balanced('') is True\n"),
+    "nested_plain_data": (textwrap.dedent('''
+        def shape():
+            return {"a": [1, (2, 3), {4, 5}], "b": {"c": frozenset({6}), "d": None}, 7: b"\\x00\\xff",
+                    "e": [1.5, float("inf"), -0.0, 2 + 3j, 10 ** 30, True, "ünï"]}
+        '''), textwrap.dedent('''
+        r = shape()
+        assert r == {"a": [1, (2, 3), {4, 5}], "b": {"c": frozenset({6}), "d": None}, 7: b"\\x00\\xff",
+                     "e": [1.5, float("inf"), -0.0, 2 + 3j, 10 ** 30, True, "ünï"]}
+        assert type(r["a"][1]) is tuple and type(r["b"]["c"]) is frozenset and r["e"][5] is True
+        ''')),
+    "big_integers": ("def fact(n):\n    out = 1\n    for i in range(2, n + 1):\n        out *= i\n    return out\n",
+                     "import math\nassert fact(3000) == math.factorial(3000)\nassert fact(20) == 2432902008176640000\n"),
+    "nan_crosses": ("def f():\n    return float('nan')\n", "import math\nassert math.isnan(f())\n"),
+    "floats_with_isclose": ("import math\ndef area(r):\n    return math.pi * r * r\n",
+                            "import math\nassert math.isclose(area(2), 12.566370614359172, rel_tol=1e-9)\n"
+                            "assert abs(area(1) - 3.14159) < 1e-4\n"),
+    "expected_exceptions": (textwrap.dedent('''
+        class NegativeError(ValueError):
+            pass
+        def root(x):
+            if x < 0:
+                raise NegativeError(f"negative: {x}")
+            return x ** 0.5
+        def pick(d, k):
+            return d[k]
+        '''), textwrap.dedent('''
+        try:
+            root(-4)
+        except ValueError as e:
+            assert "negative: -4" in str(e)
+        else:
+            raise AssertionError("no error")
+        try:
+            pick({}, "k")
+        except KeyError:
+            pass
+        assert root(9) == 3.0
+        ''')),
+    "printing_while_called": ("def shout(x):\n    print('called with', x)\n    return x.upper()\n",
+                              "assert shout('hi') == 'HI'\n"),
+    "in_place_mutation": (textwrap.dedent('''
+        def sort_in_place(xs):
+            xs.sort()
+        def add_key(d, k):
+            d[k] = len(d)
+        def grow_inner(grid):
+            grid[0].append(9)
+            grid.append([])
+        def clear_set(s):
+            s.clear()
+        def with_kwargs(*, target):
+            target.extend([1, 2])
+        '''), textwrap.dedent('''
+        xs = [3, 1, 2]
+        assert sort_in_place(xs) is None and xs == [1, 2, 3]
+        d = {"a": 0}
+        add_key(d, "b")
+        assert d == {"a": 0, "b": 1}
+        inner = [1]
+        grid = [inner]
+        grow_inner(grid)
+        assert grid == [[1, 9], []] and inner == [1, 9]
+        s = {1, 2}
+        clear_set(s)
+        assert s == set()
+        t = []
+        with_kwargs(target=t)
+        assert t == [1, 2]
+        ''')),
+    "module_constants_and_state": (textwrap.dedent('''
+        MOD = 10 ** 9 + 7
+        TABLE = {"x": [1, 2]}
+        calls = 0
+        def bump():
+            global calls
+            calls += 1
+            return calls
+        '''), "assert MOD == 1000000007 and TABLE['x'] == [1, 2]\nassert bump() == 1\nassert bump() == 2\n"),
+    "stdlib_names_and_modules": ("import math\nfrom collections import Counter\nfrom itertools import accumulate\n"
+                                 "def counts(s):\n    return Counter(s)\ndef sums(xs):\n    return list(accumulate(xs))\n",
+                                 "assert counts('aab') == {'a': 2, 'b': 1}\nassert sums([1, 2, 3]) == [1, 3, 6]\n"
+                                 "assert math.floor(2.5) == 2\n"),
+    "namedtuple_result": ("from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+                          "def point():\n    return P(1, 2)\n", "assert point() == (1, 2)\n"),
+    "humaneval_style_check": ("def add(a, b):\n    return a + b\n",
+                              "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+                              "check(add)\n"),
+    "recursion_and_generators_inside": ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+                                        "def evens(n):\n    return [x for x in (i for i in range(n)) if x % 2 == 0]\n",
+                                        "assert fib(20) == 6765\nassert evens(7) == [0, 2, 4, 6]\n"),
+    "main_guard_and_threads": ("import threading\nresult = []\n"
+                               "def work():\n    t = threading.Thread(target=result.append, args=(1,))\n    t.start()\n"
+                               "    t.join()\n    return len(result)\nif __name__ == '__main__':\n    MAIN = True\n",
+                               "assert MAIN is True\nassert work() == 1\n"),
+}
+
+RIGHT_IO: dict[str, tuple[str, str, str]] = {
+    "io_sum_lines": ("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))\n", "1 2\n3\n", "6\n"),
+    "io_trailing_whitespace": ("n = int(input())\nfor i in range(n):\n    print(i, '  ')\nprint()\n", "3\n", "0\n1\n2"),
+}

@@ -1,0 +1,94 @@
+"""The plain-data codec and the cgroup layer, without running a sandbox."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from reward.cgroups import RunCgroup
+from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wire, loads
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -5, 10 ** 40, -(3 ** 5000), 2 ** 63, 1.5, -0.0, float("inf"), 2 - 3j, "", "ünï\u2028",
+                                   b"\x00\xff", bytearray(b"ab"), [], [1, [2, [3]]], (1, (2,)), {1: {"a": (2,)}},
+                                   {1, "a"}, frozenset({(1, 2)}), {(1, 2): frozenset()}])
+def test_round_trip_keeps_types_and_values(value):
+    back = decode(encode(value))
+    assert back == value and type(back) is type(value)
+
+
+def test_integers_beyond_the_decimal_digit_limit_cross():
+    big = -(7 ** 6000)  # more digits than int() parses from decimal text by default
+    assert decode(encode([big])) == [big]
+
+
+def test_nan_and_subclasses_cross_as_builtins():
+    assert math.isnan(decode(encode(float("nan"))))
+
+    class Always(int):
+        def __eq__(self, other):
+            return True
+
+    back = decode(encode([Always(3)]))
+    assert back == [3] and type(back[0]) is int and back != [4]
+
+
+@pytest.mark.parametrize("value", [object(), lambda: 1, iter([1]), type, [1, object()], {1: print}])
+def test_other_types_are_refused(value):
+    with pytest.raises(CodecError):
+        encode(value)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1}', '["float", "x"]', '["list", 3]', '["set", [["list", []]]]',
+                                  '["dict", [[1]]]', '["evil", []]', '1.5', '["bytes", "!!"]', "NaN", "[" * 5000,
+                                  '["dict", [[["list", []], 1]]]', "1" * 5000, '["int", "zz"]', str(2 ** 70)])
+def test_hostile_bytes_raise_codec_error_only(text):
+    with pytest.raises(CodecError):
+        decode(text)
+
+
+def test_depth_and_size_caps():
+    deep = 1
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(CodecError):
+        encode(deep)
+    wire = 0
+    for _ in range(MAX_DEPTH + 5):
+        wire = ["list", [wire]]
+    with pytest.raises(CodecError):
+        from_wire(json.loads(json.dumps(wire)))
+    with pytest.raises(CodecError):
+        loads(b" " * (17 << 20))
+
+
+def test_cgroup_v2_layout(tmp_path, monkeypatch):
+    """A fake v2 tree: the group is made under this process's cgroup with memory and pids enabled."""
+    own = tmp_path / "user.slice"
+    own.mkdir()
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+
+    real_mkdir = type(own).mkdir
+
+    def mkdir(self, *a, **k):  # the kernel fills a new group with its interface files
+        real_mkdir(self, *a, **k)
+        for name in ("memory.max", "memory.swap.max", "pids.max", "cgroup.procs", "memory.events"):
+            (self / name).write_text("")
+        (self / "memory.events").write_text("low 0\noom 1\noom_kill 2\n")
+
+    monkeypatch.setattr(type(own), "mkdir", mkdir)
+    group = RunCgroup.create("run-1", root=tmp_path, proc_cgroup="0::/user.slice\n")
+    assert group is not None and group.version == 2 and group.dirs == [own / "run-1"]
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    group.set_limits(256, 32)
+    assert (own / "run-1" / "memory.max").read_text() == str(256 << 20)
+    assert (own / "run-1" / "memory.swap.max").read_text() == "0"
+    assert (own / "run-1" / "pids.max").read_text() == "32"
+    assert group.oom_kills() == 2
+
+
+def test_no_writable_cgroup_means_none(tmp_path):
+    assert RunCgroup.create("run-1", root=tmp_path / "absent", proc_cgroup="0::/\n") is None
