@@ -289,13 +289,19 @@ def grain_dataset(jobs: Sequence[Job], workers: int | None = None, isolation: Is
     """A Grain IterDataset of `RunResult`s, in job order, computed by worker processes.
 
     Each Grain worker process owns one sandbox server. Grain's multiprocessing
-    needs absl flags parsed first; this function does that when needed.
+    reads absl flags, which only the application may parse (a library that marks
+    them parsed changes global state under its caller): call
+    `absl.flags.FLAGS(sys.argv[:1])` in your program's entry point first.
+
+    Raises:
+      RuntimeError: absl flags are not parsed yet.
     """
     import grain
     from absl import flags
 
     if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+        raise RuntimeError("grain_dataset needs absl flags parsed by the application: "
+                           "call absl.flags.FLAGS(sys.argv[:1]) in its entry point first")
     mode = resolve_isolation(isolation)
     ds = grain.MapDataset.source(list(jobs)).map(_SandboxRun(mode))
     n = workers or os.cpu_count() or 1

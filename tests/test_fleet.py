@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import signal
 import threading
 import time
@@ -109,7 +110,19 @@ def test_rlimits_fallback_warns_loudly_and_still_runs():
     assert [r.status for r in results] == ["pass", "fail", "timeout"]
 
 
+def test_grain_dataset_leaves_absl_flags_to_the_application(monkeypatch):
+    from absl import flags
+
+    monkeypatch.setattr(type(flags.FLAGS), "is_parsed", lambda self: False)
+    with pytest.raises(RuntimeError, match="absl"):
+        grain_dataset([square_job(0)], workers=1)
+
+
 def test_grain_dataset_matches_the_fleet():
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(sys.argv[:1])  # what an application's entry point does
     jobs = [square_job(i, wrong=i % 2 == 0) for i in range(6)]
     results = list(grain_dataset(jobs, workers=2))
     assert all(isinstance(r, RunResult) for r in results)
