@@ -192,7 +192,6 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         _tpu_env()
     import jax
     import jax.numpy as jnp
-    import optax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -322,10 +321,9 @@ def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill
     """Per-chip bytes without compiling: exact parameter, optimizer and cache shards; analytic activations."""
     import jax
     import numpy as np
+    from flax import nnx
 
     from models import sharding as msh
-
-    from flax import nnx
 
     mesh = jax.sharding.AbstractMesh(sizes, msh.MESH_AXES)
     param_bytes = msh.bytes_per_device(nnx.state(abstract_model, nnx.Param), mesh, rules)
