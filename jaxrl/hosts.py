@@ -17,9 +17,13 @@ import numpy as np
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
-    """Join the other hosts (a no-op when run as a single process without a coordinator)."""
-    if coordinator is None and num_processes is None:
+               process_id: int | None = None, *, auto: bool = False) -> None:
+    """Join the other hosts.
+
+    With `auto` and no explicit arguments, JAX detects the hosts (Cloud TPU pods,
+    SLURM). Without either, this is a no-op: a single process.
+    """
+    if coordinator is None and num_processes is None and not auto:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # Hosts reach the end at different times (the primary also writes metrics and plots):

@@ -3,8 +3,8 @@
 Runs the loop of docs/trainer.md (sample, score, advantages, update, push weights;
 validate and checkpoint every k steps). Named configs: `jaxrl/configs/*.yaml`
 (e.g. `tiny`, which trains on this CPU in minutes). On a pod, run the same command
-on every host (`--coordinator`, `--num-processes`, `--process-id` where JAX cannot
-detect them).
+on every host with `--distributed` (Cloud TPU and SLURM: JAX detects the hosts), or
+with `--coordinator`, `--num-processes`, `--process-id` where it cannot.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key (dotted), e.g. --set rollout.group_size=4; repeatable")
+    parser.add_argument("--distributed", action="store_true",
+                        help="multi-host: join the other hosts with jax.distributed.initialize(), "
+                             "which detects them on Cloud TPU pods and under SLURM")
     parser.add_argument("--coordinator", help="multi-host: the coordinator's HOST:PORT")
     parser.add_argument("--num-processes", type=int, help="multi-host: number of processes")
     parser.add_argument("--process-id", type=int, help="multi-host: this process's index")
@@ -41,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     from jaxrl.trainer import TrainError, train
     from reward.schema import SchemaError
 
-    hosts.initialize(args.coordinator, args.num_processes, args.process_id)
+    hosts.initialize(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
     try:
         last = train(cfg, resume=args.resume)
     except (TrainError, DataError, SchemaError) as e:

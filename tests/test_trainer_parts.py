@@ -212,3 +212,19 @@ def test_response_text_drops_the_stop_token_that_ended_it():
     assert R.response_text(done, stops) == "```python\nx = 1\n```"
     cut = Completion((1,), (0.0,), "length", "text <|im_end|>", None, "")
     assert R.response_text(cut, stops) == "text <|im_end|>"
+
+
+def test_hosts_initialize_joins_only_when_asked(monkeypatch):
+    import jax
+
+    from jaxrl import hosts
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    hosts.initialize()
+    assert calls == []  # one process: nothing to join
+    hosts.initialize(auto=True)  # --distributed: JAX detects the hosts (Cloud TPU, SLURM)
+    assert calls[-1]["coordinator_address"] is None and calls[-1]["num_processes"] is None
+    hosts.initialize("10.0.0.1:8476", 4, 2)
+    assert calls[-1]["coordinator_address"] == "10.0.0.1:8476" and calls[-1]["process_id"] == 2
