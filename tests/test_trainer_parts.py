@@ -226,5 +226,5 @@ def test_hosts_initialize_joins_only_when_asked(monkeypatch):
     assert calls == []  # one process: nothing to join
     hosts.initialize(auto=True)  # --distributed: JAX detects the hosts (Cloud TPU, SLURM)
     assert calls[-1]["coordinator_address"] is None and calls[-1]["num_processes"] is None
-    hosts.initialize("10.0.0.1:8476", 4, 2)
-    assert calls[-1]["coordinator_address"] == "10.0.0.1:8476" and calls[-1]["process_id"] == 2
+    hosts.initialize("127.0.0.1:8476", 4, 2)
+    assert calls[-1]["coordinator_address"] == "127.0.0.1:8476" and calls[-1]["process_id"] == 2
