@@ -43,14 +43,7 @@ def precision_vs_pass(summaries: Sequence[Mapping[str, Any]], path: str | os.Pat
         ax.errorbar([x], [y], xerr=[[xerr[0]], [xerr[1]]], yerr=[[yerr[0]], [yerr[1]]],
                     fmt=MARKERS.get(s["settings"]["prompt"], "o"), capsize=3, label=run_label(s))
         ax.annotate(run_label(s), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax.set_xlabel("pass rate (%)")
-    ax.set_ylabel("edit precision (%)")
-    ax.set_title("Precision vs. pass rate (buggy tasks, 95% CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    _finish(fig, ax, path, "pass rate (%)", "edit precision (%)", "Precision vs. pass rate (buggy tasks, 95% CI)")
     return True
 
 
@@ -77,12 +70,18 @@ def noop_vs_damage(summaries: Sequence[Mapping[str, Any]], path: str | os.PathLi
         if "minimal" in points and "abstain" in points:
             ax.annotate("", xy=points["abstain"], xytext=points["minimal"],
                         arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.7})
-    ax.set_xlabel("no-op rate (%)")
-    ax.set_ylabel("damage (%)")
-    ax.set_title("Clean tasks: no-op vs. damage, minimal → abstain prompt (95% CI)")
+    _finish(fig, ax, path, "no-op rate (%)", "damage (%)",
+            "Clean tasks: no-op vs. damage, minimal → abstain prompt (95% CI)")
+    return True
+
+
+def _finish(fig, ax, path: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
+    """Label, grid and legend a figure, write it as PNG and release it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
-    return True
