@@ -90,3 +90,19 @@ def test_scorer_sees_minimal_fix_as_precise_and_rewrite_as_over_editing(splits, 
             assert score.precision == 1.0 and score.edited_lines == 1
         else:
             assert score.precision == pytest.approx(1 / score.edited_lines)
+
+
+def test_each_line_carries_the_correct_programs_words_as_its_comment(splits):
+    for s in splits.test:
+        code_lines = s.task.buggy_code.splitlines()[1:-1]
+        assert [line.split("  # ")[1] for line in code_lines] == s.program.comments()
+        assert s.task.prompt == domain.COMMENTED_PROMPT
+        bug = code_lines[s.bug_index].split("  # ")[0]
+        assert bug != s.program.lines[s.bug_index].code() and bug != s.program.lines[s.bug_index].code(True)
+
+
+def test_without_comments_the_prompt_describes_every_line():
+    cfg = domain.DomainConfig(comments=False)
+    for s in domain.generate(0, 10, "plain", cfg):
+        assert "#" not in s.task.buggy_code and s.task.prompt == s.program.describe()
+        assert s.rewrite() != s.task.buggy_code

@@ -58,3 +58,16 @@ def test_coupling_by_hand():
               S(valid=True, damage=None, edited_lines=1, unit=1), S(valid=True, damage=None, edited_lines=1, unit=0),
               S(valid=False, damage=None, edited_lines=None, unit=0), S(valid=True, damage=0, edited_lines=4, unit=1)]
     assert rep.coupling(scores) == {"pass_overedit": 100.0, "pass_tight": 50.0, "overedit_share": 50.0}
+
+
+def test_within_task_coupling_compares_answers_to_the_same_task():
+    from types import SimpleNamespace as S
+
+    def s(task, lines, unit):
+        return S(task_id=task, valid=True, damage=None, edited_lines=lines, unit=unit)
+
+    # Task a: over-edits pass 2/2, tight 1/2. Task b: over 0/1, tight 1/1. Task c has one kind only.
+    scores = [s("a", 3, 1), s("a", 2, 1), s("a", 1, 1), s("a", 0, 0), s("b", 2, 0), s("b", 1, 1),
+              s("c", 1, 1), s("c", 1, 1)]
+    assert rep.within_task_coupling(scores) == {"tasks": 2, "pass_overedit": 50.0, "pass_tight": 75.0}
+    assert rep.within_task_coupling([s("c", 1, 1)])["tasks"] == 0

@@ -1,6 +1,7 @@
 """SFT of the demo base policy: the loss goes down, pairs are encoded as prompt + answer + <|im_end|>."""
 
 import numpy as np
+import pytest
 
 from jaxrl.demo import domain, prompt, sft
 from jaxrl.demo.policy import new_policy, policy_config
@@ -21,12 +22,26 @@ def test_pairs_mask_exactly_the_answer_and_eos():
 
 def test_rewrite_share_sets_the_share_of_over_editing_targets():
     samples = domain.generate(1, 400, "sft-share")
-    pairs, over = sft.sft_pairs(samples, 1.0, 0)
+    pairs, shares = sft.sft_pairs(samples, 1.0, 0)
     could = np.mean([s.rewrite() != s.task.solution for s in samples])
-    assert over == could and over > 0.5
-    assert sft.sft_pairs(samples, 0.0, 0)[1] == 0.0
+    assert shares["overedit"] == could and could > 0.5 and shares["rewrite"] == 1.0
+    assert sft.sft_pairs(samples, 0.0, 0)[1]["overedit"] == 0.0
     pairs, _ = sft.sft_pairs(samples, 0.0, 0)
     assert all(answer == prompt.answer(s.task.solution) for (_, answer), s in zip(pairs, samples))
+
+
+def test_miss_share_keeps_the_buggy_code_in_that_share_of_minimal_targets():
+    samples = domain.generate(1, 1000, "sft-miss")
+    pairs, shares = sft.sft_pairs(samples, 0.5, 0, miss_share=0.2)
+    kinds = []
+    for (_, answer), s in zip(pairs, samples):
+        kind = {prompt.answer(s.rewrite()): "rewrite", prompt.answer(s.task.buggy_code): "miss",
+                prompt.answer(s.task.solution): "fix"}
+        kinds.append(kind.get(answer))
+    # A rewrite of a program without swapped correct lines is also its fix, so count by the returned shares.
+    assert None not in kinds and shares["miss"] == kinds.count("miss") / len(kinds)
+    assert abs(shares["rewrite"] - 0.5) < 0.05 and abs(shares["miss"] - 0.5 * 0.2) < 0.03
+    assert shares["rewrite"] + shares["fix"] + shares["miss"] == pytest.approx(1.0)
 
 
 def test_sft_lowers_the_loss():

@@ -2,24 +2,26 @@
 
 A program is a function of two or three integer arguments that computes a few
 assignments `v = x op y` (op in + - *, operands earlier names or digits 1-9)
-and returns the last one. The task prompt describes every line in words, in a
-canonical operand order ("y is x times 2"); the code shows each `+` / `*`
-line with its operands swapped with probability `swap_p`, so an equivalent
-rewrite of a correct line is always at hand: writing a line as the
-description words it changes the line without changing the program.
+and returns the last one. Each line carries its specification as a comment, in
+words and in a canonical operand order (`y = 2 * x  # x times 2`); the code
+shows each `+` / `*` line with its operands swapped with probability `swap_p`,
+so an equivalent rewrite of a correct line is always at hand: writing a line
+as its comment words it changes the line without changing the program. (With
+`comments=False` the words form a separate description in the task prompt.)
 
 One line carries the injected bug (a wrong operator, a wrong name or a wrong
-digit), kept only when the assert tests see it. Two ways to pass follow:
+digit) under its correct comment, kept only when the assert tests see it. Two
+ways to pass follow:
 
 - the minimal fix: copy the code and rewrite the one line that disagrees
-  with its description (this needs the bug to be found);
-- the rewrite: write every line as the description words it (no search
-  needed, but every swapped correct line becomes an over-edit).
+  with its comment (this needs the bug to be found);
+- the rewrite: write every line as its comment words it (no search needed,
+  but every swapped correct line becomes an over-edit).
 
-So over-editing is not independent of passing: a policy unsure where the bug
-is passes more often by rewriting more lines. SFT targets mix the two
-(`sft_pairs`), which gives a base policy that often passes and often
-over-edits, as the paper observes of real base models.
+SFT targets mix the two (`sft_target`), which gives a base policy that often
+passes and often over-edits, as the paper observes of real base models.
+Whether over-edits then pass more or less often than tight answers is
+measured, not assumed (docs/demo.md, "Over-editing and passing").
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ COMMUTATIVE = frozenset("+*")
 ARGS = ("a", "b", "c")
 NAMES = ("x", "y", "z", "u", "v", "w", "p", "q", "r", "s", "t", "m", "n", "k")
 DIGITS = tuple(str(d) for d in range(1, 10))
+# The task prompt when each line's description is its comment.
+COMMENTED_PROMPT = "f does what its comments say"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +52,21 @@ class Line:
     right: str
     swapped: bool = False
 
-    def code(self, canonical: bool = False) -> str:
-        """The source line (indented); `canonical` writes the description's operand order."""
+    def code(self, canonical: bool = False, comment: str | None = None) -> str:
+        """The source line (indented); `canonical` writes the description's operand order.
+
+        `comment`, if given, follows the code as `  # comment`.
+        """
         left, right = (self.right, self.left) if self.swapped and not canonical else (self.left, self.right)
-        return f"    {self.target} = {left} {self.op} {right}"
+        text = f"    {self.target} = {left} {self.op} {right}"
+        return text if comment is None else f"{text}  # {comment}"
+
+    def words(self) -> str:
+        """The right-hand side in words, in the description's operand order: `5 plus x`."""
+        return f"{self.left} {OP_WORDS[self.op]} {self.right}"
 
     def describe(self) -> str:
-        return f"{self.target} is {self.left} {OP_WORDS[self.op]} {self.right}"
+        return f"{self.target} is {self.words()}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +79,18 @@ class Program:
     def header(self) -> str:
         return f"def f({', '.join(self.args)}):"
 
-    def code(self, canonical: frozenset[int] = frozenset()) -> str:
-        """The source; lines whose index is in `canonical` use the description's operand order."""
-        body = [line.code(i in canonical) for i, line in enumerate(self.lines)]
+    def code(self, canonical: frozenset[int] = frozenset(), comments: Sequence[str] | None = None) -> str:
+        """The source; lines whose index is in `canonical` use the description's operand order.
+
+        `comments`, one per assignment line, are written after each line's code.
+        """
+        notes = comments if comments is not None else [None] * len(self.lines)
+        body = [line.code(i in canonical, note) for i, (line, note) in enumerate(zip(self.lines, notes))]
         return "\n".join([self.header(), *body, f"    return {self.lines[-1].target}"]) + "\n"
+
+    def comments(self) -> list[str]:
+        """Each assignment line's right-hand side in words, the comment it carries in the code."""
+        return [line.words() for line in self.lines]
 
     def describe(self) -> str:
         """The line-by-line description shown as the task prompt."""
@@ -98,13 +118,16 @@ class DomainConfig:
         swap_p: chance that a `+` / `*` line shows its operands swapped in the code.
         digit_p: chance that an operand is a digit rather than a name.
         tests: assert cases per task.
+        comments: describe each line in a comment on the line itself (the prompt is then
+            `COMMENTED_PROMPT`) rather than in a separate description above the code.
     """
 
     min_lines: int = 3
     max_lines: int = 5
-    swap_p: float = 0.75
+    swap_p: float = 1.0
     digit_p: float = 0.25
     tests: int = 4
+    comments: bool = True
 
     def __post_init__(self):
         if not 1 <= self.min_lines <= self.max_lines <= len(NAMES):
@@ -182,10 +205,12 @@ class Sample:
     task: Task
     program: Program
     bug_index: int | None
+    comments: bool = False
 
     def rewrite(self) -> str:
         """The over-editing target: every line written as described (no search for the bug)."""
-        return self.program.code(canonical=frozenset(range(len(self.program.lines))))
+        notes = self.program.comments() if self.comments else None
+        return self.program.code(canonical=frozenset(range(len(self.program.lines))), comments=notes)
 
 
 def make_sample(rng: random.Random, cfg: DomainConfig, task_id: str, clean: bool = False) -> Sample:
@@ -196,21 +221,22 @@ def make_sample(rng: random.Random, cfg: DomainConfig, task_id: str, clean: bool
         if len({program.evaluate(x) for x in inputs}) < 2:
             continue  # a constant function (e.g. a factor that is always 0) tests nothing
         tests = AssertTests(assert_code(program, inputs))
-        solution = program.code()
+        notes = program.comments() if cfg.comments else None
+        text = COMMENTED_PROMPT if cfg.comments else program.describe()
+        solution = program.code(comments=notes)
         if clean:
-            task = Task(task_id, task_id, program.describe(), solution, solution, tests,
-                        meta={"source": "demo", "kind": "clean"})
-            return Sample(task, program, None)
+            task = Task(task_id, task_id, text, solution, solution, tests, meta={"source": "demo", "kind": "clean"})
+            return Sample(task, program, None, cfg.comments)
         bug = inject_bug(rng, program, inputs)
         if bug is None:
             continue
         index, bad = bug
         lines = list(program.lines)
         lines[index] = bad
-        buggy = Program(program.args, tuple(lines)).code()
-        task = Task(task_id, task_id, program.describe(), buggy, solution, tests,
+        buggy = Program(program.args, tuple(lines)).code(comments=notes)
+        task = Task(task_id, task_id, text, buggy, solution, tests,
                     meta={"source": "demo", "kind": "single", "bug_line": index + 2})
-        return Sample(task, program, index)
+        return Sample(task, program, index, cfg.comments)
 
 
 def generate(seed: int, n: int, prefix: str, cfg: DomainConfig = DomainConfig(), clean: bool = False,
@@ -255,15 +281,19 @@ def make_splits(seed: int, sft: int, train: int, test: int, clean: int,
     return Splits(take(sft, "demo-sft"), take(train, "demo-train"), held_test, held_clean)
 
 
-def sft_target(rng: random.Random, sample: Sample, rewrite_share: float) -> tuple[str, bool]:
-    """The program an SFT pair teaches: the over-editing rewrite with chance `rewrite_share`, else the fix.
+def sft_target(rng: random.Random, sample: Sample, rewrite_share: float, miss_share: float = 0.0) -> tuple[str, str]:
+    """The program an SFT pair teaches, and which kind it is.
 
-    Returns:
-        (program, whether it is the rewrite).
+    With chance `rewrite_share` the over-editing rewrite ("rewrite"); otherwise the
+    minimal fix ("fix"), except that with chance `miss_share` a minimal attempt misses
+    the bug and answers with the buggy code unchanged ("miss"), as a model that edits
+    little but cannot always find the bug does.
     """
     if rng.random() < rewrite_share:
-        return sample.rewrite(), True
-    return sample.task.solution, False
+        return sample.rewrite(), "rewrite"
+    if rng.random() < miss_share:
+        return sample.task.buggy_code, "miss"
+    return sample.task.solution, "fix"
 
 
 def iter_tasks(samples: Sequence[Sample]) -> Iterator[Task]:

@@ -14,6 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Printed in every report: the issue asks that a setting tuned after seeing numbers says so.
+HISTORY = ("How this setting was chosen: the domain, the SFT recipe and the RL rate and batch were changed "
+           "after measured runs, and every earlier setting and its numbers are in docs/demo.md "
+           "(\"How the setting was chosen\"). The target below was fixed before any run.")
 COLUMNS = ("pass", "precision", "recall", "lines", "noop", "damage")
 NAMES = {"base": "SFT base", "grpo": "GRPO (unit tests only)", "precisecoder": "PreciseCoder (GDPO, λ = 1/3)",
          "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO"}
@@ -50,6 +54,26 @@ def coupling(scores: Sequence[Any]) -> dict[str, float | None]:
 
     return {"pass_overedit": pct(over), "pass_tight": pct(tight),
             "overedit_share": 100.0 * len(over) / len(buggy) if buggy else None}
+
+
+def within_task_coupling(scores: Sequence[Any]) -> dict[str, float | int | None]:
+    """`coupling` within a task: over tasks that have both kinds of answer, mean pass % of each kind.
+
+    Needs several samples per task. Pooling all tasks (`coupling`) mixes easy tasks,
+    where a policy answers tightly and passes, with hard ones; comparing the two kinds
+    of answer to the same task removes that.
+    """
+    by_task: dict[str, tuple[list[int], list[int]]] = {}
+    for s in scores:
+        if s.valid and s.damage is None:
+            over, tight = by_task.setdefault(s.task_id, ([], []))
+            (over if s.edited_lines >= 2 else tight).append(s.unit)
+    both = [(over, tight) for over, tight in by_task.values() if over and tight]
+    if not both:
+        return {"tasks": 0, "pass_overedit": None, "pass_tight": None}
+    return {"tasks": len(both),
+            "pass_overedit": 100.0 * sum(sum(o) / len(o) for o, _ in both) / len(both),
+            "pass_tight": 100.0 * sum(sum(t) / len(t) for _, t in both) / len(both)}
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -154,6 +178,8 @@ def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
         "",
         "Held-out buggy tasks: pass, precision, recall, edited lines (mean over valid answers). "
         "Held-out clean tasks (GT Debug): no-op and damage. Mean ± std over seeds; one sample per task.",
+        "",
+        HISTORY,
         "",
         "## T = 1 sampling",
         "",

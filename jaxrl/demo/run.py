@@ -48,7 +48,7 @@ class DemoConfig:
         tasks_per_step, group_size: N tasks × G rollouts per RL step.
         learning_rate: RL learning rate (constant, AdamW).
         kl_coef: weight of the KL term to the base policy (0 turns it off).
-        max_tokens: completion budget; an answer takes about 50 tokens.
+        max_tokens: completion budget; an answer takes about 60 tokens (73 at most).
     """
 
     seeds: int = 1
@@ -63,11 +63,11 @@ class DemoConfig:
     heads: int = 4
     sft: SFTConfig = SFTConfig()
     rl_steps: int = 50
-    tasks_per_step: int = 8
-    group_size: int = 6
-    learning_rate: float = 1e-4
+    tasks_per_step: int = 16
+    group_size: int = 8
+    learning_rate: float = 3e-4
     kl_coef: float = 0.0
-    max_tokens: int = 64
+    max_tokens: int = 80
 
     def __post_init__(self):
         known = METHODS + OPTIONAL_METHODS
@@ -113,7 +113,7 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     from tqdm import tqdm
 
     tok = load_demo_tokenizer()
-    pairs, over = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed)
+    pairs, shares = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed, cfg.sft.miss_share)
     tokens, mask = sft.encode_pairs(tok, pairs)
     model = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), seed)
     bar = tqdm(total=cfg.sft.steps, desc=f"seed {seed} SFT", unit="step", disable=not progress, dynamic_ncols=True)
@@ -129,7 +129,7 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     bar.close()
     models.save_pretrained(model, out)
     tok.save_pretrained(out)
-    record = {"losses": losses, "seconds": seconds, "overedit_target_share": over, "pairs": len(pairs)}
+    record = {"losses": losses, "seconds": seconds, "target_shares": shares, "pairs": len(pairs)}
     (out / "sft.json").write_text(json.dumps(record) + "\n")
     return record
 
@@ -182,8 +182,9 @@ def restore_policy(run_cfg: Any, run_dir: Path):
 
 
 def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any], fleet: Any, out: Path,
-                    progress: bool) -> dict[str, Any]:
-    """`jaxrl.eval.evaluate` of one policy on held-out buggy + clean tasks: each decoding's result."""
+                    progress: bool, samples: int = 1,
+                    decodings: dict[str, float] = DECODINGS) -> dict[str, Any]:
+    """`jaxrl.eval.evaluate` of one policy on held-out tasks: each decoding's (name: temperature) result."""
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.eval.evaluate import evaluate
     from jaxrl.eval.protocol import EvalSettings
@@ -192,8 +193,8 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
     tok = load_demo_tokenizer()
     results = {}
     with make_engine("jax", model=model, tokenizer=tok) as engine:
-        for name, temperature in DECODINGS.items():
-            settings = EvalSettings(prompt=prompt.PROMPT, samples=1, temperature=temperature,
+        for name, temperature in decodings.items():
+            settings = EvalSettings(prompt=prompt.PROMPT, samples=samples, temperature=temperature,
                                     thinking_budget=None, max_tokens=cfg.max_tokens, clean_thinking_budget=None,
                                     enable_thinking=False, seed=seed)
             result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.parent.name},
@@ -231,7 +232,8 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         sft_record = json.loads((base_dir / "sft.json").read_text())
         log(f"[seed {seed}] SFT base: reusing {base_dir}")
     else:
-        log(f"[seed {seed}] SFT base: {len(splits.sft)} pairs, {cfg.sft.rewrite_share:.0%} rewrite targets")
+        log(f"[seed {seed}] SFT base: {len(splits.sft)} pairs, {cfg.sft.rewrite_share:.0%} rewrite targets, "
+            f"{cfg.sft.miss_share:.0%} of the others missing the bug")
         sft_record = train_base(cfg, seed, splits, base_dir, progress)
     timing["sft_s"] = sft_record["seconds"]
     log(f"[seed {seed}] SFT loss {sft_record['losses'][0]:.3f} -> {sft_record['losses'][-1]:.3f} "

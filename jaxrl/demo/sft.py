@@ -2,7 +2,10 @@
 
 Pairs are (prompt, target program) from `domain.sft_target`: the minimal fix,
 or with probability `rewrite_share` the over-editing rewrite, so the base
-policy both passes often and over-edits often. The loss is the mean negative
+policy both passes often and over-edits often; a share `miss_share` of the
+minimal attempts miss the bug (answer the buggy code unchanged), meant to
+make tight answers less reliable than rewrites (docs/demo.md measures
+whether they are). The loss is the mean negative
 log-likelihood of the completion tokens (the answer block and <|im_end|>),
 computed with the same chunked log-probs as the RL train step.
 """
@@ -35,21 +38,23 @@ class SFTConfig:
         learning_rate: peak rate of the warm-up + cosine schedule.
         warmup_steps: linear warm-up steps.
         rewrite_share: share of targets that are the over-editing rewrite.
+        miss_share: share of the other (minimal) targets that miss the bug: the buggy code unchanged.
     """
 
-    steps: int = 1000
+    steps: int = 1300
     batch_size: int = 32
     learning_rate: float = 5e-3
     warmup_steps: int = 30
-    rewrite_share: float = 0.5
+    rewrite_share: float = 0.7
+    miss_share: float = 0.15
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError("steps, batch_size and learning_rate must be positive")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError("need 0 <= warmup_steps < steps")
-        if not 0 <= self.rewrite_share <= 1:
-            raise ValueError("rewrite_share must be in [0, 1]")
+        if not (0 <= self.rewrite_share <= 1 and 0 <= self.miss_share <= 1):
+            raise ValueError("rewrite_share and miss_share must be in [0, 1]")
 
 
 def encode_pairs(tokenizer: DemoTokenizer, pairs: Sequence[tuple[list[dict[str, str]], str]]
@@ -69,16 +74,20 @@ def encode_pairs(tokenizer: DemoTokenizer, pairs: Sequence[tuple[list[dict[str, 
     return tokens, mask
 
 
-def sft_pairs(samples: Sequence[domain.Sample], rewrite_share: float, seed: int
-              ) -> tuple[list[tuple[list[dict[str, str]], str]], float]:
-    """The (messages, answer) pairs of `samples` and the share of rewrite targets that over-edit."""
+def sft_pairs(samples: Sequence[domain.Sample], rewrite_share: float, seed: int, miss_share: float = 0.0
+              ) -> tuple[list[tuple[list[dict[str, str]], str]], dict[str, float]]:
+    """The (messages, answer) pairs of `samples`, and the shares of targets by kind.
+
+    Shares: "overedit" (rewrites that differ from the minimal fix), "rewrite", "fix", "miss".
+    """
     rng = random.Random(f"sft-targets:{seed}")
-    pairs, over = [], 0
+    pairs, counts = [], {"overedit": 0, "rewrite": 0, "fix": 0, "miss": 0}
     for s in samples:
-        target, rewrite = domain.sft_target(rng, s, rewrite_share)
-        over += rewrite and target != s.task.solution
+        target, kind = domain.sft_target(rng, s, rewrite_share, miss_share)
+        counts[kind] += 1
+        counts["overedit"] += kind == "rewrite" and target != s.task.solution
         pairs.append((prompt.task_messages(s.task), prompt.answer(target)))
-    return pairs, over / max(len(samples), 1)
+    return pairs, {k: v / max(len(samples), 1) for k, v in counts.items()}
 
 
 def nll(model: nnx.Module, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:

@@ -32,7 +32,8 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 # Special tokens that stay in text decoded with skip_special (as in QwenTokenizer).
 TEXT_LIKE = frozenset({"<think>", "</think>"})
 _WORDS = ("```python", "```", "\n\n", "    ", "def", "return", "user", "assistant", "system", "):", "is",
-          "plus", "minus", "times", "=", "+", "-", "*", "f", *domain.ARGS, *domain.NAMES, *domain.DIGITS)
+          "plus", "minus", "times", "=", "+", "-", "*", "f", "  #",
+          *domain.COMMENTED_PROMPT.split(), *domain.ARGS, *domain.NAMES, *domain.DIGITS)
 
 
 def default_vocab() -> tuple[str, ...]:
