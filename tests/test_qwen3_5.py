@@ -230,6 +230,7 @@ def test_decoding_matches_full_forward_and_transformers_generate(hf_dir, ours):
     np.testing.assert_array_equal(np.asarray(out["tokens"]), ref)
 
 
+@pytest.mark.slow  # about 20 s; Qwen3 sharding stays in the default run (test_model_sharding)
 def test_sharded_forward_and_decoding_equal_single_device(hf_dir, ours):
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded = checkpoint.from_pretrained(hf_dir[0], mesh=mesh)

@@ -77,6 +77,7 @@ def wait_for(predicate, proc, timeout=1800):
     return False
 
 
+@pytest.mark.slow  # 30-40 s: six `precisecoder train` processes, each importing JAX
 def test_cli_errors_are_one_line_with_exit_2(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", tmp_path / "run")
     for args, message in [
