@@ -42,8 +42,8 @@ def coupling(scores: Sequence[Any]) -> dict[str, float | None]:
 
     Every demo task has one faulty line, so an answer editing two or more lines
     over-edits. If the two pass rates were equal, a reward for precision could
-    cut edits at no cost in passing by construction; the demo's domain is built
-    so that they are not (docs/demo.md).
+    cut edits at no cost in passing by construction. Pooled over tasks; see
+    `within_task_coupling` for answers to the same task (docs/demo.md).
     """
     buggy = [s for s in scores if s.valid and s.damage is None]
     over = [s.unit for s in buggy if s.edited_lines >= 2]
