@@ -120,6 +120,9 @@ class DataConfig:
         seed: seeds the shuffle of the training tasks (each epoch reshuffled).
         clean_share: share of clean rows (a training problem's correct program shown as
             buggy code) mixed into the training tasks; "GRPO + clean rows" uses it.
+        prompt_multiple: the prompt part of every batch row is the longest training
+            prompt rounded up to a multiple of this (one shape per run either way; 64 keeps
+            accelerator-friendly shapes, a small value saves padding on CPU).
     """
 
     train: str | None = None
@@ -130,6 +133,7 @@ class DataConfig:
     prompt: Literal["minimal", "abstain", "demo"] = "minimal"
     seed: int = 0
     clean_share: float = 0.0
+    prompt_multiple: int = 64
 
     def __post_init__(self):
         if self.train is None and self.build is None:
@@ -138,6 +142,8 @@ class DataConfig:
             raise ValueError(f"data.tasks_per_step must be >= 1, got {self.tasks_per_step}")
         if not 0 <= self.clean_share < 1:
             raise ValueError(f"data.clean_share must be in [0, 1), got {self.clean_share}")
+        if self.prompt_multiple < 1:
+            raise ValueError(f"data.prompt_multiple must be >= 1, got {self.prompt_multiple}")
 
 
 @dataclasses.dataclass(frozen=True)

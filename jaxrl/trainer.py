@@ -152,7 +152,8 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     val_tasks = T.read_tasks(paths["val"], "val", cfg.validation.val_tasks)
     gt_tasks = T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks)
     stream = T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)
-    prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks))
+    prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks),
+                            cfg.data.prompt_multiple)
 
     stops = R.stop_texts(tokenizer)
 

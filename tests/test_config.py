@@ -56,6 +56,7 @@ def test_overrides_are_typed():
     ("rollout.temperature=0.5", "loss.temperature"),
     ("run.steps", "run.steps"),
     ("run.steps.x=1", "run.steps"),
+    ("data.prompt_multiple=0", "data.prompt_multiple"),
 ])
 def test_bad_values_name_the_key(override, named):
     with pytest.raises(C.ConfigError, match=named.replace(".", r"\.")):
