@@ -5,7 +5,8 @@ Samples K answers (T = 1) per held-out buggy task from one policy of a finished
 pass rate of answers that edit ≥ 2 lines against those that edit ≤ 1 line:
 pooled over all answers (report.md's coupling table) and within tasks
 (`jaxrl.demo.report.within_task_coupling`: only tasks with both kinds of answer,
-each task weighted once). Answers and scores go to RUN/seedS/coupling/POLICY.
+each task weighted once, and how many of them favour each kind). Answers and
+scores go to RUN/seedS/coupling/POLICY.
 
     scripts/demo_coupling.py --run runs/demo [--seed 0] [--policy base] [--samples 8]
 """

@@ -106,3 +106,18 @@ def test_without_comments_the_prompt_describes_every_line():
     for s in domain.generate(0, 10, "plain", cfg):
         assert "#" not in s.task.buggy_code and s.task.prompt == s.program.describe()
         assert s.rewrite() != s.task.buggy_code
+
+
+def test_without_minus_every_line_of_two_operands_is_swapped():
+    cfg = domain.DomainConfig(ops=("+", "*"))
+    samples = domain.generate(1, 30, "no-minus", cfg)
+    for s in samples:
+        assert all(line.op in "+*" and line.swapped == (line.left != line.right) for line in s.program.lines)
+    edited = sum(sum(len(b) for b in diff(s.task.buggy_code, s.rewrite())) for s in samples)
+    assert edited / len(samples) > 3
+
+
+def test_ops_must_be_known_and_include_a_commutative_operator():
+    for bad in [(), ("-",), ("+", "/")]:
+        with pytest.raises(ValueError, match="ops"):
+            domain.DomainConfig(ops=bad)

@@ -69,5 +69,6 @@ def test_within_task_coupling_compares_answers_to_the_same_task():
     # Task a: over-edits pass 2/2, tight 1/2. Task b: over 0/1, tight 1/1. Task c has one kind only.
     scores = [s("a", 3, 1), s("a", 2, 1), s("a", 1, 1), s("a", 0, 0), s("b", 2, 0), s("b", 1, 1),
               s("c", 1, 1), s("c", 1, 1)]
-    assert rep.within_task_coupling(scores) == {"tasks": 2, "pass_overedit": 50.0, "pass_tight": 75.0}
+    assert rep.within_task_coupling(scores) == {"tasks": 2, "pass_overedit": 50.0, "pass_tight": 75.0,
+                                                "overedit_better": 1, "tight_better": 1}
     assert rep.within_task_coupling([s("c", 1, 1)])["tasks"] == 0

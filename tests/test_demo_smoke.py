@@ -35,3 +35,17 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     (tmp_path / "full" / "f").write_text("x")
     assert cli.main(["demo", "--out", str(tmp_path / "full")]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_resume_refuses_other_settings_but_allows_more_seeds(tmp_path, capsys):
+    from jaxrl.demo.run import DemoConfig, _plain
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "demo_config.json").write_text(json.dumps(_plain(DemoConfig(rl_steps=7))))
+    assert cli.main(["demo", "--out", str(out), "--steps", "8", "--resume"]) == 2
+    assert "rl_steps: 7 there, 8 now" in capsys.readouterr().err
+    assert cli.main(["demo", "--out", str(out), "--sft-steps", "9", "--steps", "7", "--resume"]) == 2
+    assert "sft.steps" in capsys.readouterr().err
+    from jaxrl.demo.run import check_resume
+    check_resume(DemoConfig(rl_steps=7, seeds=3, methods=("grpo", "precisecoder", "ea_grpo")), out)

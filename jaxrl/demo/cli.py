@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from jaxrl.demo.run import METHODS, OPTIONAL_METHODS, DemoConfig
+from jaxrl.demo.run import METHODS, OPTIONAL_METHODS, DemoConfig, check_resume
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--small", action="store_true",
                         help="a smoke run: few tasks and steps (checks the pipeline, learns nothing)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue in a non-empty --out with the same options: finished parts are reused")
+                        help="continue in a non-empty --out with the same options (more --seeds or --with "
+                             "are fine; others are refused): finished parts are reused")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -59,14 +60,15 @@ def main(args: argparse.Namespace) -> int:
     if args.kl < 0 or args.lr <= 0:
         print("precisecoder demo: --kl must be >= 0 and --lr > 0", file=sys.stderr)
         return 2
-    try:
-        cfg = config_of(args)
-    except ValueError as e:
-        print(f"precisecoder demo: {e}", file=sys.stderr)
-        return 2
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         print(f"precisecoder demo: {out} is not empty; choose another --out or pass --resume", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_of(args)
+        check_resume(cfg, out)
+    except ValueError as e:
+        print(f"precisecoder demo: {e}", file=sys.stderr)
         return 2
     from jaxrl.demo.run import run_demo
 

@@ -1,12 +1,12 @@
 """The micro debugging domain of `precisecoder demo`: straight-line functions with one bug.
 
 A program is a function of two or three integer arguments that computes a few
-assignments `v = x op y` (op in + - *, operands earlier names or digits 1-9)
-and returns the last one. Each line carries its specification as a comment, in
-words and in a canonical operand order (`y = 2 * x  # x times 2`); the code
-shows each `+` / `*` line with its operands swapped with probability `swap_p`,
-so an equivalent rewrite of a correct line is always at hand: writing a line
-as its comment words it changes the line without changing the program. (With
+assignments `v = x op y` (op in + and *, or + - * with `ops=OPS`; operands earlier
+names or digits 1-9) and returns the last one. Each line carries its specification
+as a comment, in words and in a canonical operand order (`y = 2 * x  # x times 2`);
+the code shows each line of two different operands swapped with probability
+`swap_p`, so an equivalent rewrite of a correct line is always at hand: writing a
+line as its comment words it changes the line without changing the program. (With
 `comments=False` the words form a separate description in the task prompt.)
 
 One line carries the injected bug (a wrong operator, a wrong name or a wrong
@@ -117,6 +117,10 @@ class DomainConfig:
         min_lines, max_lines: assignment lines per program.
         swap_p: chance that a `+` / `*` line shows its operands swapped in the code.
         digit_p: chance that an operand is a digit rather than a name.
+        ops: the operators programs are written with (a bug may bring in any of `OPS`).
+            Without `-` (the default) every line of two different operands has an equivalent
+            swapped form, so the rewrite edits nearly every line; `OPS` adds `-` lines, which
+            the rewrite leaves as they are.
         tests: assert cases per task.
         comments: describe each line in a comment on the line itself (the prompt is then
             `COMMENTED_PROMPT`) rather than in a separate description above the code.
@@ -126,6 +130,7 @@ class DomainConfig:
     max_lines: int = 5
     swap_p: float = 1.0
     digit_p: float = 0.25
+    ops: tuple[str, ...] = ("+", "*")
     tests: int = 4
     comments: bool = True
 
@@ -134,6 +139,8 @@ class DomainConfig:
             raise ValueError(f"need 1 <= min_lines <= max_lines <= {len(NAMES)}")
         if not (0 <= self.swap_p <= 1 and 0 <= self.digit_p < 1):
             raise ValueError("swap_p must be in [0, 1] and digit_p in [0, 1)")
+        if not self.ops or not set(self.ops) <= set(OPS) or not set(self.ops) & COMMUTATIVE:
+            raise ValueError(f"ops must be operators among {' '.join(OPS)}, including + or *, got {self.ops}")
         if self.tests < 1:
             raise ValueError("tests must be >= 1")
 
@@ -148,7 +155,8 @@ def random_program(rng: random.Random, cfg: DomainConfig) -> Program:
         first = scope[-1] if i else rng.choice(scope)
         second = rng.choice(DIGITS) if rng.random() < cfg.digit_p else rng.choice(scope)
         left, right = (first, second) if rng.random() < 0.5 else (second, first)
-        op = rng.choice(OPS if left != right else ("+", "*"))  # x - x would zero the rest
+        # x - x would zero the rest of the program
+        op = rng.choice(cfg.ops if left != right else [o for o in cfg.ops if o in COMMUTATIVE])
         swapped = op in COMMUTATIVE and left != right and rng.random() < cfg.swap_p
         lines.append(Line(target, op, left, right, swapped))
         scope.append(target)

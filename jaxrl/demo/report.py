@@ -61,7 +61,8 @@ def within_task_coupling(scores: Sequence[Any]) -> dict[str, float | int | None]
 
     Needs several samples per task. Pooling all tasks (`coupling`) mixes easy tasks,
     where a policy answers tightly and passes, with hard ones; comparing the two kinds
-    of answer to the same task removes that.
+    of answer to the same task removes that. Also counts the tasks on which over-edits
+    pass more often than tight answers (`overedit_better`) and less often (`tight_better`).
     """
     by_task: dict[str, tuple[list[int], list[int]]] = {}
     for s in scores:
@@ -70,10 +71,12 @@ def within_task_coupling(scores: Sequence[Any]) -> dict[str, float | int | None]
             (over if s.edited_lines >= 2 else tight).append(s.unit)
     both = [(over, tight) for over, tight in by_task.values() if over and tight]
     if not both:
-        return {"tasks": 0, "pass_overedit": None, "pass_tight": None}
+        return {"tasks": 0, "pass_overedit": None, "pass_tight": None, "overedit_better": 0, "tight_better": 0}
+    rates = [(sum(o) / len(o), sum(t) / len(t)) for o, t in both]
     return {"tasks": len(both),
-            "pass_overedit": 100.0 * sum(sum(o) / len(o) for o, _ in both) / len(both),
-            "pass_tight": 100.0 * sum(sum(t) / len(t) for _, t in both) / len(both)}
+            "pass_overedit": 100.0 * sum(o for o, _ in rates) / len(both),
+            "pass_tight": 100.0 * sum(t for _, t in rates) / len(both),
+            "overedit_better": sum(o > t for o, t in rates), "tight_better": sum(t > o for o, t in rates)}
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:

@@ -62,8 +62,8 @@ class DemoConfig:
     layers: int = 2
     heads: int = 4
     sft: SFTConfig = SFTConfig()
-    rl_steps: int = 50
-    tasks_per_step: int = 16
+    rl_steps: int = 45
+    tasks_per_step: int = 12
     group_size: int = 8
     learning_rate: float = 3e-4
     kl_coef: float = 0.0
@@ -143,7 +143,7 @@ def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, o
         "model": {"family": "qwen3", "checkpoint": str(base), "dtype": "float32", "param_dtype": "float32",
                   "remat": False},
         "data": {"train": str(data / "train.jsonl"), "tasks_per_step": cfg.tasks_per_step, "prompt": prompt.PROMPT,
-                 "seed": seed},
+                 "seed": seed, "prompt_multiple": 8},
         "rollout": {"engine": "jax", "group_size": cfg.group_size, "temperature": 1.0, "top_p": 1.0,
                     "max_tokens": cfg.max_tokens, "thinking_budget": None},
         "algorithm": {"name": method},
@@ -289,15 +289,48 @@ def _brief(row: dict[str, dict[str, Any]]) -> str:
             f"no-op {f(r['noop'], '.1f')}% (T = 1)")
 
 
+# Settings that may change when a run is resumed: more seeds or methods only add work.
+RESUMABLE = ("seeds", "methods")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume(cfg: DemoConfig, out: Path) -> None:
+    """Raise ValueError if `out` holds work made with other settings (`RESUMABLE` ones aside).
+
+    The settings of a run are in `out/demo_config.json`, written when it starts.
+    """
+    path = out / "demo_config.json"
+    if not path.is_file():
+        return
+    saved, now = _flat(json.loads(path.read_text())), _flat(_plain(cfg))
+    changed = sorted(k for k in saved.keys() | now.keys()
+                     if k.split(".")[0] not in RESUMABLE and saved.get(k) != now.get(k))
+    if changed:
+        raise ValueError(f"{out} holds a run made with other settings ("
+                         + ", ".join(f"{k}: {saved.get(k)} there, {now.get(k)} now" for k in changed)
+                         + "); resume with the same options or choose another --out")
+
+
 def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log = _stderr,
              command: str = "precisecoder demo") -> dict[str, Any]:
-    """All seeds, then results.json, report.md and curves.png in `out`; returns the results object."""
+    """All seeds, then results.json, report.md and curves.png in `out`; returns the results object.
+
+    Raises ValueError (before any work) if `out` holds a run made with other settings.
+    """
     import os
 
     from reward.fleet import Fleet
 
     out = Path(out)
+    check_resume(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_config.json").write_text(json.dumps(_plain(cfg), indent=1) + "\n")
     load = os.getloadavg()
     per_seed = []
     start = time.perf_counter()
