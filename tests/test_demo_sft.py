@@ -53,3 +53,20 @@ def test_sft_lowers_the_loss():
                                                               warmup_steps=3), seed=0)
     assert len(losses) == 30 and np.isfinite(losses).all()
     assert np.mean(losses[-5:]) < 0.6 * losses[0]
+
+
+def test_splitting_the_batch_over_devices_does_not_change_training():
+    import jax
+
+    tok = DemoTokenizer()
+    pairs, _ = sft.sft_pairs(domain.generate(3, 32, "sft-split"), 0.5, 0)
+    tokens, mask = sft.encode_pairs(tok, pairs)
+    cfg = sft.SFTConfig(steps=6, batch_size=8, learning_rate=1e-2, warmup_steps=1)
+    runs = []
+    for devices in (jax.devices()[:1], jax.devices()):
+        model = new_policy(policy_config(tok, hidden=32, layers=1, heads=2), 0)
+        losses = sft.train_sft(model, tokens, mask, cfg, seed=0, devices=devices)
+        runs.append((losses, np.asarray(model.lm_head_weight())))
+    assert len(jax.devices()) > 1 and sft.data_mesh(8).devices.size == min(8, len(jax.devices()))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-4, atol=1e-6)

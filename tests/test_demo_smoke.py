@@ -49,3 +49,19 @@ def test_resume_refuses_other_settings_but_allows_more_seeds(tmp_path, capsys):
     assert "sft.steps" in capsys.readouterr().err
     from jaxrl.demo.run import check_resume
     check_resume(DemoConfig(rl_steps=7, seeds=3, methods=("grpo", "precisecoder", "ea_grpo")), out)
+
+
+def test_cpu_devices_sets_the_xla_device_count_unless_it_is_set(tmp_path, capsys):
+    from jaxrl.demo.cli import split_host
+
+    env = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    split_host(env, 2)
+    assert env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
+    fixed = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    split_host(fixed, 2)
+    assert fixed["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    empty: dict[str, str] = {}
+    split_host(empty, 1)
+    assert empty == {}
+    assert cli.main(["demo", "--cpu-devices", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--cpu-devices" in capsys.readouterr().err

@@ -33,7 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue in a non-empty --out with the same options (more --seeds or --with "
                              "are fine; others are refused): finished parts are reused")
+    parser.add_argument("--cpu-devices", type=int, default=1,
+                        help="split the CPU into N JAX devices and every batch over them (default: 1). On 2 "
+                             "cores, 2 made an SFT step 0.66 to 0.87x as long (scripts/bench_demo_sft.py); sums "
+                             "then run in another order, so bases and results differ from a 1-device run's")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def split_host(env: dict[str, str], devices: int) -> None:
+    """Ask XLA for `devices` CPU devices (in `env["XLA_FLAGS"]`), unless it already sets a count.
+
+    Takes effect only before JAX first touches a device; SFT and RL then split
+    their batches over the devices.
+    """
+    flags = env.get("XLA_FLAGS", "")
+    if devices > 1 and "xla_force_host_platform_device_count" not in flags:
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
 def config_of(args: argparse.Namespace) -> DemoConfig:
@@ -57,6 +72,9 @@ def main(args: argparse.Namespace) -> int:
     if args.seeds < 1 or args.steps < 1 or args.sft_steps < 2:
         print("precisecoder demo: --seeds and --steps must be >= 1 and --sft-steps >= 2", file=sys.stderr)
         return 2
+    if args.cpu_devices < 1:
+        print("precisecoder demo: --cpu-devices must be >= 1", file=sys.stderr)
+        return 2
     if args.kl < 0 or args.lr <= 0:
         print("precisecoder demo: --kl must be >= 0 and --lr > 0", file=sys.stderr)
         return 2
@@ -75,6 +93,12 @@ def main(args: argparse.Namespace) -> int:
     command = "precisecoder demo " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 \
         else "precisecoder demo"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    split_host(os.environ, args.cpu_devices)
+    import jax
+
+    # JAX read JAX_PLATFORMS when the demo modules imported it; without this it would also
+    # probe for a TPU (libtpu is installed for `plan`) and print pages of warnings.
+    jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
     result = run_demo(cfg, out, progress=not args.no_progress, command=command.strip())
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {out / 'report.md'}, {out / 'results.json'}, {out / 'curves.png'} "

@@ -325,6 +325,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     """
     import os
 
+    import jax
+
     from reward.fleet import Fleet
 
     out = Path(out)
@@ -332,6 +334,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(_plain(cfg), indent=1) + "\n")
     load = os.getloadavg()
+    devices = jax.devices()
+    split = "; batches are split over them" if len(devices) > 1 else ""
+    log(f"JAX: {len(devices)} {devices[0].platform} device(s){split}")
     per_seed = []
     start = time.perf_counter()
     with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:
@@ -345,7 +350,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     couplings = {m: [s["coupling"][m] for s in per_seed] for m in names}
     extra = {"greedy": greedy, "coupling": couplings, "sft": [s["sft"] for s in per_seed],
              "timing": [s["timing"] for s in per_seed], "seconds": seconds, "cpu_seconds": _cpu_seconds(),
-             "load_average_at_start": load, "load_average_at_end": end_load, "config": _plain(cfg),
+             "load_average_at_start": load, "load_average_at_end": end_load, "jax_devices": len(devices),
+             "config": _plain(cfg),
              "command": command}
     rep.write_results(out / "results.json", methods, extra)
     curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in cfg.methods}

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxrl import losses
 from jaxrl.demo import domain, prompt
@@ -98,17 +100,34 @@ def nll(model: nnx.Module, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Ar
     return -(logp_BxT * mask_BxT).sum() / jnp.maximum(mask_BxT.sum(), 1.0)
 
 
+def data_mesh(batch_size: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A 1-D `data` mesh over the most of `devices` (default: all) that split `batch_size` evenly.
+
+    `precisecoder demo --cpu-devices N` splits the CPU into N devices: on 2 cores, two
+    halves of a batch run side by side faster than one batch over two threads.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = max(k for k in range(1, len(devices) + 1) if batch_size % k == 0)
+    return Mesh(np.array(devices[:n]), ("data",))
+
+
 def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
-              on_step: Callable[[int, float], None] | None = None) -> list[float]:
+              on_step: Callable[[int, float], None] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> list[float]:
     """Train `model` in place on the pairs; returns the loss of every step.
 
-    Batches are drawn by a seeded permutation, epoch after epoch.
+    Batches are drawn by a seeded permutation, epoch after epoch, and split over
+    `data_mesh(batch_size, devices)` (parameters replicated): the split changes
+    the speed, not the result.
     """
     tx = make_optimizer(OptimizerConfig(
         learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, schedule="cosine",
         total_steps=cfg.steps, min_lr_ratio=0.1, weight_decay=0.0))
+    mesh = data_mesh(cfg.batch_size, devices)
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    opt_state = tx.init(params)
+    params, rest = jax.device_put((params, rest), replicated)
+    opt_state = jax.device_put(tx.init(params), replicated)
 
     @jax.jit
     def step(params, opt_state, tokens, mask):
@@ -123,7 +142,8 @@ def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, c
             order, pos = rng.permutation(n), 0
         idx = order[pos:pos + cfg.batch_size]
         pos += cfg.batch_size
-        params, opt_state, loss = step(params, opt_state, tokens_NxT[idx], mask_NxT[idx])
+        batch = jax.device_put((tokens_NxT[idx], mask_NxT[idx]), split)
+        params, opt_state, loss = step(params, opt_state, *batch)
         history.append(float(loss))
         if on_step is not None:
             on_step(i, history[-1])
