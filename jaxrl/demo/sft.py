@@ -28,6 +28,7 @@ from jaxrl import losses
 from jaxrl.demo import domain, prompt
 from jaxrl.demo.tokenizer import DemoTokenizer
 from jaxrl.train_step import OptimizerConfig, make_optimizer
+from models import sharding as msh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +102,15 @@ def nll(model: nnx.Module, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Ar
 
 
 def data_mesh(batch_size: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D `data` mesh over the most of `devices` (default: all) that split `batch_size` evenly.
+    """`models.sharding.make_mesh` with only the data axis larger than 1: the most of
+    `devices` (default: all) that split `batch_size` evenly.
 
     `precisecoder demo --cpu-devices N` splits the CPU into N devices: on 2 cores, two
     halves of a batch run side by side faster than one batch over two threads.
     """
     devices = list(jax.devices() if devices is None else devices)
     n = max(k for k in range(1, len(devices) + 1) if batch_size % k == 0)
-    return Mesh(np.array(devices[:n]), ("data",))
+    return msh.make_mesh(data=n, fsdp=1, tensor=1, devices=devices[:n])
 
 
 def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
