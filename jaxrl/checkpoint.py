@@ -101,6 +101,32 @@ class Checkpointer:
         key = jax.random.wrap_key_data(jax.numpy.asarray(np.asarray(out.state["rng"])))  # host-local again
         return out.state["train"], key, extra
 
+    def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+        """Only the parameters of `step` (default: the latest), onto the shardings of `abstract_params`.
+
+        For inference: the optimizer state and the RNG key stay on disk, so a policy loads
+        in a third of the memory and whatever optimizer trained it.
+
+        Returns:
+            (params, step).
+        """
+        self.wait()
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self._manager.directory}")
+        if step not in self.all_steps():
+            raise FileNotFoundError(f"no checkpoint of step {step} in {self._manager.directory}")
+        target = {"train": {"params": abstract_params}}
+        # A manager of its own: this one's "state" item is bound to the standard handler, which
+        # cannot restore part of a tree.
+        reader = ocp.CheckpointManager(self._manager.directory, item_names=("state",))
+        try:
+            out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+        finally:
+            reader.close()
+        return out.state["train"]["params"], step
+
     def latest_step(self) -> int | None:
         """The newest finalized step, or None."""
         return self._manager.latest_step()

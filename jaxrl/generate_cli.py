@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
     source.add_argument("--checkpoint", help="trainer run directory (config.yaml + checkpoints/): its latest "
-                                             "checkpoint's policy (jax engine)")
+                                             "checkpoint's policy; or its checkpoints/ or best/, or one step "
+                                             "directory in them (jax engine)")
     parser.add_argument("--prompts", required=True, help="JSONL of {id, messages} or {id, input_ids}")
     parser.add_argument("--out", required=True, help="write one JSON line per sample here")
     parser.add_argument("--engine", choices=("jax", "sglang", "openai"), default="jax")
@@ -120,54 +121,9 @@ def read_prompts(path: str, tokenizer: Any) -> list[tuple[Any, list[int]]]:
     return prompts
 
 
-def model_from_run(directory: str | Path, dtype: Any) -> Any:
-    """The policy of a trainer run directory: its config.yaml's model, with the latest checkpoint's parameters."""
-    import jax
-    import orbax.checkpoint as ocp
-    import yaml
-    from flax import nnx
-
-    import models
-    from models.checkpoint import load_config, model_class
-
-    run = Path(directory)
-    try:
-        spec = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise GenerateError(f"--checkpoint {run}: no trainer config.yaml with a `model` section ({e})") from None
-    if spec.get("checkpoint"):
-        model = models.from_pretrained(spec["checkpoint"], dtype=dtype)
-    elif spec.get("architecture"):
-        arch = {"model_type": spec.get("family", "qwen3"), **spec["architecture"]}
-        cfg = load_config(arch)
-        model = model_class(cfg)(cfg, dtype=dtype, rngs=nnx.Rngs(0))
-    else:
-        raise GenerateError(f"--checkpoint {run}: config.yaml names neither model.checkpoint nor model.architecture")
-    steps_dir = run / "checkpoints"
-    manager = ocp.CheckpointManager(steps_dir.resolve(), item_names=("state", "extra"))
-    step = manager.latest_step()
-    if step is None:
-        raise GenerateError(f"--checkpoint {run}: no finished checkpoint in {steps_dir}")
-    saved = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["train"]
-
-    def names(path) -> tuple[str, ...]:
-        out = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-        return out[:-1] if out and out[-1] == "value" else out
-
-    flat = {names(p): v for p, v in jax.tree_util.tree_flatten_with_path(saved["params"])[0]}
-    params = nnx.state(model, nnx.Param)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    missing = [".".join(names(p)) for p, _ in leaves if names(p) not in flat]
-    if missing:
-        raise GenerateError(f"--checkpoint {run}: step {step} lacks parameters {missing[:5]}")
-    values = [jax.numpy.asarray(flat[names(p)], leaf.dtype) for p, leaf in leaves]
-    nnx.update(model, jax.tree_util.tree_unflatten(treedef, values))
-    return model
-
-
 def tokenizer_for(args: argparse.Namespace) -> Any:
     """The tokenizer of the model the arguments name (cheap: reads a config, loads no weights)."""
-    from models.tokenizer import family_for_model_type, load_tokenizer
+    from models.tokenizer import load_tokenizer
 
     if args.model:
         directory = Path(args.model)
@@ -175,15 +131,17 @@ def tokenizer_for(args: argparse.Namespace) -> Any:
             raise GenerateError(f"--model {args.model}: not a directory")
         return load_tokenizer(_family_of(directory))
     if args.checkpoint:
-        import yaml
+        from jaxrl.config import load_config
+        from jaxrl.trainer import TrainError, locate_run
 
         try:
-            spec = yaml.safe_load((Path(args.checkpoint) / "config.yaml").read_text(encoding="utf-8"))["model"]
-            checkpoint, family = spec.get("checkpoint"), spec.get("family", "qwen3")
-        except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-            raise GenerateError(f"--checkpoint {args.checkpoint}: no trainer config.yaml with a `model` "
-                                f"section ({e})") from None
-        return load_tokenizer(_family_of(Path(checkpoint)) if checkpoint else family_for_model_type(family))
+            run, _, _ = locate_run(args.checkpoint)
+        except TrainError as e:
+            raise GenerateError(f"--checkpoint {e}") from None
+        try:
+            return load_tokenizer(load_config(run / "config.yaml").model.family)
+        except (ValueError, OSError) as e:
+            raise GenerateError(f"--checkpoint {run}: {e}") from None
     return load_tokenizer(args.tokenizer or "qwen3_5")
 
 
@@ -194,10 +152,19 @@ def open_engine(args: argparse.Namespace, tokenizer: Any) -> Engine:
 
         import models
 
-        dtype = jnp.dtype(args.dtype)
-        model = models.from_pretrained(args.model, dtype=dtype) if args.model else model_from_run(args.checkpoint,
-                                                                                                   dtype)
-        return make_engine("jax", model=model, tokenizer=tokenizer)
+        if args.model:
+            return make_engine("jax", model=models.from_pretrained(args.model, dtype=jnp.dtype(args.dtype)),
+                               tokenizer=tokenizer)
+        from jaxrl.trainer import TrainError, load_policy
+        from models import sharding as msh
+
+        mesh = msh.make_mesh(1, -1, 1)
+        try:
+            model, cfg, _ = load_policy(args.checkpoint, dtype=args.dtype, mesh=mesh)
+        except TrainError as e:
+            raise GenerateError(f"--checkpoint {e}") from None
+        return make_engine("jax", model=model, tokenizer=tokenizer, mesh=mesh,
+                           rules=msh.rules_from_mapping(cfg.mesh.rules))
     if args.engine == "sglang":
         return make_engine("sglang", urls=args.url, tokenizer=tokenizer)
     return make_engine("openai", base_url=args.base_url, model=args.served_model, tokenizer=tokenizer)

@@ -84,6 +84,60 @@ def build_model(cfg: Config, mesh: jax.sharding.Mesh, rules: tuple) -> nnx.Modul
                                         remat=m.remat, attention_impl=m.attention), mesh, rules)
 
 
+def locate_run(path: str | Path) -> tuple[Path, Path, int | None]:
+    """(run directory, checkpoint directory, step or None for the latest) of a checkpoint path.
+
+    Accepted: a run directory (its `checkpoints/`), a run's `checkpoints/` or `best/`,
+    or one step directory inside them (`run/checkpoints/250`).
+    """
+    path = Path(path).expanduser()
+    if (path / "config.yaml").is_file():
+        return path, path / "checkpoints", None
+    if (path.parent / "config.yaml").is_file():
+        return path.parent, path, None
+    if path.name.isdigit() and (path.parent.parent / "config.yaml").is_file():
+        return path.parent.parent, path.parent, int(path.name)
+    raise TrainError(f"{path}: not a `precisecoder train` run, its checkpoints/ or best/, "
+                     "or a step directory in them (no config.yaml found)")
+
+
+def load_policy(path: str | Path, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None
+                ) -> tuple[nnx.Module, Config, int]:
+    """The policy a `train` run saved, for sampling and evaluation.
+
+    The run's config.yaml rebuilds the model; the parameters of the checkpoint that
+    `path` names (see `locate_run`) replace its weights, read alone from disk onto
+    their shards (`mesh`, default: fsdp over every local device).
+
+    Args:
+        path: a run directory, its checkpoints/ or best/, or a step directory in them.
+        dtype: compute dtype to run at (default: the run's `model.dtype`).
+        mesh: where the parameters go.
+
+    Returns:
+        (model, the run's config, step). Raises `TrainError` with the reason.
+    """
+    run, ckpt_dir, step = locate_run(path)
+    try:
+        cfg = load_config(run / "config.yaml")
+        if dtype is not None:
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+        rules = msh.rules_from_mapping(cfg.mesh.rules)
+        mesh = msh.make_mesh(1, -1, 1) if mesh is None else mesh
+        graphdef, params, rest = nnx.split(build_model(cfg, mesh, rules), nnx.Param, ...)
+        abstract = abstract_with_shardings(jax.eval_shape(lambda p: p, params),
+                                           msh.state_shardings(params, mesh, rules))
+        del params
+        checkpointer = Checkpointer(ckpt_dir, async_save=False)
+        try:
+            params, step = checkpointer.restore_params(abstract, step)
+        finally:
+            checkpointer.close()
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as e:
+        raise TrainError(f"{path}: {e}") from None
+    return nnx.merge(graphdef, params, rest), cfg, step
+
+
 def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sharding.Mesh,
                     rules: tuple) -> Engine:
     """The configured engine: `tokenizer` and `rollout.options` for all; an in-process engine

@@ -38,9 +38,9 @@ def main() -> int:
         return 2
 
     import models
-    from jaxrl.config import load_config
     from jaxrl.demo import report
-    from jaxrl.demo.run import DemoConfig, evaluate_policy, restore_policy
+    from jaxrl.demo.run import DemoConfig, evaluate_policy
+    from jaxrl.trainer import load_policy
     from reward.fleet import Fleet
     from reward.schema import load_tasks
 
@@ -51,7 +51,7 @@ def main() -> int:
         if not (run_dir / "config.yaml").is_file():
             print(f"demo_coupling: no RL run {run_dir}", file=sys.stderr)
             return 2
-        policy, _ = restore_policy(load_config(run_dir / "config.yaml"), run_dir)
+        policy, _, _ = load_policy(run_dir)
     tasks = load_tasks(seed_dir / "data" / "test.jsonl")
     with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:
         result = evaluate_policy(policy, DemoConfig(), args.seed, tasks, fleet, seed_dir / "coupling" / args.policy,

@@ -76,6 +76,25 @@ def test_round_trip_onto_another_mesh_with_rng_and_grain_state(tmp_path):
     assert consumed != want_next
 
 
+def test_restore_params_reads_the_parameters_alone_onto_another_mesh(tmp_path):
+    state, _ = sharded_state((8, 1, 1))
+    state = state.replace(step=jnp.asarray(3, jnp.int32))
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(state, jax.random.key(0))
+    mesh_b = make_mesh(1, 4, 2)
+    abstract = jax.eval_shape(lambda p: p, state.params)
+    shardings = msh.state_shardings(abstract, mesh_b)
+    params, step = ckpt.restore_params(abstract_with_shardings(abstract, shardings))
+    assert step == 3
+    for a, b in zip(host(state.params), host(params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for arr, sh in zip(jax.tree.leaves(params), jax.tree.leaves(shardings)):
+        assert arr.sharding.is_equivalent_to(sh, arr.ndim)
+    with pytest.raises(FileNotFoundError, match="step 4"):
+        ckpt.restore_params(abstract_with_shardings(abstract, shardings), 4)
+    ckpt.close()
+
+
 def test_keeps_last_n_and_rejects_a_saved_step(tmp_path):
     state, _ = sharded_state((1, 1, 1))
     ckpt = Checkpointer(tmp_path, max_to_keep=2)

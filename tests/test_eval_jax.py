@@ -96,19 +96,22 @@ def test_open_checkpoint_restores_the_saved_policy(trained_run):
     import numpy as np
     from flax import nnx
 
-    from jaxrl.eval.sources import SourceError, locate_checkpoint, open_checkpoint
+    from jaxrl.eval.sources import SourceError, open_checkpoint
+    from jaxrl.trainer import TrainError, locate_run
 
     run, saved = trained_run
-    assert locate_checkpoint(run) == (run, run / "checkpoints", None)
-    assert locate_checkpoint(run / "checkpoints") == (run, run / "checkpoints", None)
-    assert locate_checkpoint(run / "best" / "7") == (run, run / "best", 7)
+    assert locate_run(run) == (run, run / "checkpoints", None)
+    assert locate_run(run / "checkpoints") == (run, run / "checkpoints", None)
+    assert locate_run(run / "best" / "7") == (run, run / "best", 7)
     engine, tokenizer, model = open_checkpoint(str(run / "checkpoints" / "7"))
     assert model["name"] == "tiny@7" and model["step"] == 7 and tokenizer.family == "qwen3"
     for a, b in zip(jax.tree.leaves(engine.state), jax.tree.leaves(nnx.split(saved)[1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     engine.close()
+    with pytest.raises(TrainError, match="no config.yaml"):
+        locate_run(run.parent / "nowhere")
     with pytest.raises(SourceError, match="no config.yaml"):
-        locate_checkpoint(run.parent / "nowhere")
+        open_checkpoint(str(run.parent / "nowhere"))
     with pytest.raises(SourceError, match="checkpoint"):
         open_checkpoint(str(run / "checkpoints" / "8"))
 

@@ -89,10 +89,12 @@ def test_bad_arguments_exit_2(prompts, tmp_path, capsys, extra, message):
 
 
 def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path):
-    """--checkpoint reads a run directory's config.yaml and its latest step's parameters."""
+    """--checkpoint reads a run directory's config.yaml and its latest step's parameters alone
+    (saved here with another optimizer than the config's: its state is not read)."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"family": "qwen3", "checkpoint": str(model_dir)}}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"family": "qwen3", "checkpoint": str(model_dir)},
+                                                     "data": {"train": "unused.jsonl"}}))
     model = models.from_pretrained(model_dir)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     trained = nnx.merge(graphdef, jax.tree.map(lambda x: x * 1.7, params), rest)
@@ -109,6 +111,10 @@ def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path):
     assert [r["token_ids"] for r in _read(out)] == [list(g[0].token_ids) for g in want]
     base = JaxEngine(model, tok).generate([[151644, 872, 198, 9707]], SamplingParams(temperature=0.0, max_tokens=5))
     assert np.asarray(base[0][0].token_ids).tolist() != _read(out)[1]["token_ids"]  # the trained weights, not the base
+    step_dir = tmp_path / "step.jsonl"
+    assert _run("--checkpoint", run / "checkpoints" / "0", "--prompts", prompts, "--out", step_dir,
+                "--temperature", 0, "--max-tokens", 5) == 0
+    assert [r["token_ids"] for r in _read(step_dir)] == [r["token_ids"] for r in _read(out)]
 
 
 def test_generate_with_the_sglang_engine(prompts, tmp_path):

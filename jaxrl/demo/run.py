@@ -156,31 +156,6 @@ def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, o
     })
 
 
-def restore_policy(run_cfg: Any, run_dir: Path):
-    """The policy of the trainer's last checkpoint in `run_dir`, on the run's mesh."""
-    import jax
-
-    from jaxrl import train_step as ts
-    from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
-    from jaxrl.trainer import build_model
-    from flax import nnx
-    from models import sharding as msh
-
-    rules = msh.rules_from_mapping(run_cfg.mesh.rules)
-    mesh = msh.make_mesh(run_cfg.mesh.data, run_cfg.mesh.fsdp, run_cfg.mesh.tensor)
-    model = build_model(run_cfg, mesh, rules)
-    tx = ts.make_optimizer(run_cfg.optimizer)
-    state, graphdef, rest = ts.init_train_state(model, tx, mesh, rules)
-    abstract = jax.eval_shape(lambda s: s, state)
-    target = abstract_with_shardings(abstract, ts.state_shardings(abstract, mesh, rules))
-    ckpt = Checkpointer(run_dir / "checkpoints", async_save=False)
-    try:
-        restored, _, _ = ckpt.restore(target)
-    finally:
-        ckpt.close()
-    return nnx.merge(graphdef, restored.params, rest), int(restored.step)
-
-
 def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any], fleet: Any, out: Path,
                     progress: bool, samples: int = 1,
                     decodings: dict[str, float] = DECODINGS) -> dict[str, Any]:
@@ -218,7 +193,8 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     import models
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
-    from jaxrl.trainer import train
+    from jaxrl.trainer import load_policy, train
+    from models import sharding as msh
 
     timing: dict[str, float] = {}
     start = time.perf_counter()
@@ -262,7 +238,8 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         timing[f"rl_{method}_s"] = time.perf_counter() - t
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
-        policy, step = restore_policy(run_cfg, run_dir)
+        policy, _, step = load_policy(run_dir, mesh=msh.make_mesh(run_cfg.mesh.data, run_cfg.mesh.fsdp,
+                                                                   run_cfg.mesh.tensor))
         evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress)
         rows[method] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
         couplings[method] = rep.coupling(evals["sampled"].scores)

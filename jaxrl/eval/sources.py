@@ -49,63 +49,22 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
     return engine, tokenizer, model_info
 
 
-def locate_checkpoint(path: Path) -> tuple[Path, Path, int | None]:
-    """(run directory, checkpoint directory, step or None for the latest) of a `--checkpoint` path.
-
-    Accepted: a run directory (its `checkpoints/`), a run's `checkpoints/` or `best/`,
-    or one step directory inside them (`run/checkpoints/250`).
-    """
-    path = path.expanduser()
-    if (path / "config.yaml").is_file():
-        return path, path / "checkpoints", None
-    if (path.parent / "config.yaml").is_file():
-        return path.parent, path, None
-    if path.name.isdigit() and (path.parent.parent / "config.yaml").is_file():
-        return path.parent.parent, path.parent, int(path.name)
-    raise SourceError(f"--checkpoint {path}: not a `precisecoder train` run, its checkpoints/ or best/, "
-                      "or a step directory in them (no config.yaml found)")
-
-
 def open_checkpoint(directory: str) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
-    """The jax engine over the policy parameters of a trainer checkpoint.
-
-    The run's config.yaml rebuilds the model (its architecture and dtypes), and the
-    train state is restored with parameters sharded over all local devices (fsdp).
-    Optimizer moments are read too: Orbax restores the state as it was saved.
-    """
-    import jax  # noqa: PLC0415  (JAX only for the embedded engine)
-    import jax.numpy as jnp  # noqa: PLC0415
-    from flax import nnx  # noqa: PLC0415
-
-    from jaxrl import train_step as ts  # noqa: PLC0415
-    from jaxrl.checkpoint import Checkpointer, abstract_with_shardings  # noqa: PLC0415
-    from jaxrl.config import load_config  # noqa: PLC0415
-    from jaxrl.trainer import TrainError, build_model  # noqa: PLC0415
+    """The jax engine over the policy of a trainer checkpoint (`jaxrl.trainer.load_policy`: a run
+    directory, its checkpoints/ or best/, or a step directory in them)."""
+    from jaxrl.trainer import TrainError, load_policy  # noqa: PLC0415  (JAX only for the embedded engine)
     from models import sharding as msh  # noqa: PLC0415
 
-    run, ckpt_dir, step = locate_checkpoint(Path(directory))
+    mesh = msh.make_mesh(1, -1, 1)
     try:
-        cfg = load_config(run / "config.yaml")
-        rules = msh.rules_from_mapping(cfg.mesh.rules)
-        mesh = msh.make_mesh(1, -1, 1)
-        graphdef, params, rest = nnx.split(build_model(cfg, mesh, rules), nnx.Param, ...)
-        tx = ts.make_optimizer(cfg.optimizer)
-        abstract = jax.eval_shape(
-            lambda p: ts.TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
-        del params
-        target = abstract_with_shardings(abstract, ts.state_shardings(abstract, mesh, rules))
-        checkpointer = Checkpointer(ckpt_dir, async_save=False)
-        try:
-            state, _, _ = checkpointer.restore(target, step)
-        finally:
-            checkpointer.close()
-    except (TrainError, FileNotFoundError, ValueError, KeyError) as e:
-        raise SourceError(f"--checkpoint {directory}: {e}") from None
+        model, cfg, step = load_policy(directory, mesh=mesh)
+    except TrainError as e:
+        raise SourceError(f"--checkpoint {e}") from None
     tokenizer = load_tokenizer(cfg.model.family)
-    engine = make_engine("jax", model=nnx.merge(graphdef, state.params, rest), tokenizer=tokenizer, mesh=mesh,
-                         rules=rules)
-    return engine, tokenizer, {"name": f"{cfg.name}@{int(state.step)}", "engine": "jax", "checkpoint": str(run),
-                               "step": int(state.step), "dtype": cfg.model.dtype}
+    engine = make_engine("jax", model=model, tokenizer=tokenizer, mesh=mesh,
+                         rules=msh.rules_from_mapping(cfg.mesh.rules))
+    return engine, tokenizer, {"name": f"{cfg.name}@{step}", "engine": "jax", "checkpoint": str(directory),
+                               "step": step, "dtype": cfg.model.dtype}
 
 
 def _served_family(urls: list[str], retry: Any) -> str:
