@@ -4,8 +4,10 @@ The val split (buggy tasks: pass, precision, recall, f1, edited lines) and GT De
 (clean tasks: no-op, damage) are evaluated in one `evaluate` call under the paper's
 protocol, with the engine the trainer holds (the current policy) and the trainer's
 reward pipeline as the scorer, so validation numbers are `precisecoder eval`'s.
-On several hosts each host evaluates every P-th task and the samples and scores are
-gathered before the summary.
+On several hosts each host evaluates every P-th task of each kind and the samples and
+scores are gathered before the summary. Sampling is collective there (each host passes
+its rows of one global batch), so every host samples the same number of tasks of each
+kind: a host with fewer pads its share with copies of a task, whose results it drops.
 """
 
 from __future__ import annotations
@@ -57,6 +59,22 @@ def _renamed(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
+PAD = "#host-pad"
+
+
+def host_share(tasks: Sequence[Task], index: int, count: int) -> list[Task]:
+    """Host `index`'s tasks of `count`: every count-th buggy task, then every count-th clean one, each
+    kind padded to the same length on every host with copies of its first task (ids ending in `PAD`)."""
+    share: list[Task] = []
+    for clean in (False, True):
+        kind = [t for t in tasks if t.is_clean == clean]
+        mine = kind[index::count]
+        need = -(-len(kind) // count)
+        share += mine + [dataclasses.replace(kind[0], task_id=f"{kind[0].task_id}{PAD}{k}")
+                         for k in range(need - len(mine))]
+    return share
+
+
 def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task], cfg: Config,
              seed: int) -> dict[str, float]:
     """`val/{pass,precision,recall,f1,lines,...}` and `gt_debug/{noop,damage}` of the engine's current policy.
@@ -69,13 +87,15 @@ def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task],
     if not tasks:
         return {}
     settings = eval_settings(cfg, seed)
-    mine = list(tasks[jax.process_index()::jax.process_count()])
+    count = jax.process_count()
+    mine = host_share(tasks, jax.process_index(), count)
     result = evaluate(_WithoutStopText(engine, stop_texts(tokenizer)), tokenizer, mine, settings, None,
                       scorer=scorer, batch_size=max(len(mine), 1))
-    if jax.process_count() == 1:
+    if count == 1:
         return _renamed(metrics_of(result.summary))
-    gathered = hosts.gather_json([[s.to_json() for s in result.samples], [s.to_json() for s in result.scores]])
+    kept = [(s, r) for s, r in zip(result.samples, result.scores, strict=True) if PAD not in s.task_id]
+    gathered = hosts.gather_json([[s.to_json() for s, _ in kept], [r.to_json() for _, r in kept]])
     samples = [Sample.from_json(d) for host_samples, _ in gathered for d in host_samples]
     scores = [Score(**{**d, "components": ()}) for _, host_scores in gathered for d in host_scores]
-    order = [t for p in range(jax.process_count()) for t in tasks[p::jax.process_count()]]
+    order = [t for p in range(count) for t in host_share(tasks, p, count) if PAD not in t.task_id]
     return _renamed(metrics_of(summarize(order, samples, scores, settings, {})))

@@ -335,3 +335,34 @@ def test_the_trainers_validation_reports_evals_numbers(tok, fleet):
         assert metrics[f"val/{name}"] == pytest.approx(summary["buggy"][name]["value"])
     for name in ("noop", "damage"):
         assert metrics[f"gt_debug/{name}"] == pytest.approx(summary["clean"][name]["value"])
+
+
+def test_validation_on_several_hosts_samples_equal_batches_and_reports_every_task_once(tok, fleet, monkeypatch):
+    """Two hosts (simulated): 3 buggy + 2 clean tasks give host 1 a padded buggy share, so both
+    hosts make the same engine calls (a collective on a pod); the gathered metrics are one host's."""
+    import jax
+
+    from jaxrl import hosts
+    from jaxrl.config import load_config
+    from jaxrl.rewards import RewardPipeline
+    from jaxrl.validate import PAD, host_share, validate
+    from reward.sandbox import Limits
+
+    cfg = load_config("tiny")
+    pipeline = RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s))
+    single = validate(TableEngine(tok), tok, pipeline, TASKS, cfg, seed=3)
+    shares = [host_share(TASKS, p, 2) for p in range(2)]
+    assert [len(s) for s in shares] == [3, 3] and sum(PAD in t.task_id for s in shares for t in s) == 1
+    assert sorted(t.task_id for s in shares for t in s if PAD not in t.task_id) == sorted(t.task_id for t in TASKS)
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    payloads, engines, metrics = {}, [], []
+    for index in (1, 0):  # host 1 first, so host 0's gather can return both payloads
+        monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+        monkeypatch.setattr(hosts, "gather_json", lambda obj, index=index: (
+            payloads.__setitem__(index, obj) or [payloads.get(0, obj), payloads.get(1, obj)]))
+        engines.append(TableEngine(tok))
+        metrics.append(validate(engines[-1], tok, pipeline, TASKS, cfg, seed=3))
+    assert [[len(texts) for texts, _ in e.calls] for e in engines] == [[2, 1], [2, 1]]
+    assert all(PAD not in d["task_id"] for obj in payloads.values() for d in obj[0])
+    assert metrics[1] == pytest.approx(single)

@@ -144,8 +144,10 @@ def free_port():
 
 @pytest.mark.slow
 def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path):
+    # 3 val tasks: one host pads its share of them (jaxrl.validate.host_share), the metrics must not see it
     sections = dict(rollout={"engine": "test-scripted", "options": {"tasks": str(EXAMPLES)}},
-                    data={"tasks_per_step": 4}, run={"steps": 2, "eval_every": 0, "save_every": 0})
+                    data={"tasks_per_step": 4}, run={"steps": 2, "eval_every": 0, "save_every": 0},
+                    validation={"val_tasks": 3})
     one = tmp_path / "one"
     finish(train("--config", write_config(tmp_path / "one.yaml", one, **sections), devices=8))
     two = tmp_path / "two"
