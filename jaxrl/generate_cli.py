@@ -155,16 +155,12 @@ def open_engine(args: argparse.Namespace, tokenizer: Any) -> Engine:
         if args.model:
             return make_engine("jax", model=models.from_pretrained(args.model, dtype=jnp.dtype(args.dtype)),
                                tokenizer=tokenizer)
-        from jaxrl.trainer import TrainError, load_policy
-        from models import sharding as msh
+        from jaxrl.eval.sources import SourceError, open_checkpoint
 
-        mesh = msh.make_mesh(1, -1, 1)
         try:
-            model, cfg, _ = load_policy(args.checkpoint, dtype=args.dtype, mesh=mesh)
-        except TrainError as e:
-            raise GenerateError(f"--checkpoint {e}") from None
-        return make_engine("jax", model=model, tokenizer=tokenizer, mesh=mesh,
-                           rules=msh.rules_from_mapping(cfg.mesh.rules))
+            return open_checkpoint(args.checkpoint, dtype=args.dtype)[0]
+        except SourceError as e:
+            raise GenerateError(str(e)) from None
     if args.engine == "sglang":
         return make_engine("sglang", urls=args.url, tokenizer=tokenizer)
     return make_engine("openai", base_url=args.base_url, model=args.served_model, tokenizer=tokenizer)

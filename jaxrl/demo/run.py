@@ -194,7 +194,6 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
     from jaxrl.trainer import load_policy, train
-    from models import sharding as msh
 
     timing: dict[str, float] = {}
     start = time.perf_counter()
@@ -238,8 +237,7 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         timing[f"rl_{method}_s"] = time.perf_counter() - t
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
-        policy, _, step = load_policy(run_dir, mesh=msh.make_mesh(run_cfg.mesh.data, run_cfg.mesh.fsdp,
-                                                                   run_cfg.mesh.tensor))
+        policy, _, step = load_policy(run_dir)  # on the trainer's mesh: fsdp over every device
         evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress)
         rows[method] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
         couplings[method] = rep.coupling(evals["sampled"].scores)

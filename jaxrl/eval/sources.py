@@ -49,15 +49,16 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
     return engine, tokenizer, model_info
 
 
-def open_checkpoint(directory: str) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
+def open_checkpoint(directory: str, dtype: str | None = None) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
     """The jax engine over the policy of a trainer checkpoint (`jaxrl.trainer.load_policy`: a run
-    directory, its checkpoints/ or best/, or a step directory in them)."""
+    directory, its checkpoints/ or best/, or a step directory in them), at compute `dtype`
+    (default: the run's)."""
     from jaxrl.trainer import TrainError, load_policy  # noqa: PLC0415  (JAX only for the embedded engine)
     from models import sharding as msh  # noqa: PLC0415
 
     mesh = msh.make_mesh(1, -1, 1)
     try:
-        model, cfg, step = load_policy(directory, mesh=mesh)
+        model, cfg, step = load_policy(directory, dtype=dtype, mesh=mesh)
     except TrainError as e:
         raise SourceError(f"--checkpoint {e}") from None
     tokenizer = load_tokenizer(cfg.model.family)
