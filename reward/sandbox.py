@@ -61,7 +61,8 @@ Isolation = Literal["auto", "bwrap", "rlimits"]
 _HERE = Path(__file__).parent
 CODEC_SOURCE = (_HERE / "sandbox_codec.py").read_text()
 SPARES_SOURCE = CODEC_SOURCE + "\n" + (_HERE / "sandbox_spares.py").read_text()
-ZYGOTE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_server.py").read_text()
+ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_text(),
+                           (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
 # Real uids handed to sandboxes when running as root (two per live worker). Far above the
 # ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks), so

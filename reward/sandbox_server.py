@@ -1,18 +1,22 @@
 """The zygote that forks run processes inside a program sandbox, and the run process itself.
 
-Stdlib only: `reward/sandbox_codec.py` followed by this source is handed to a
+Stdlib only: `reward/sandbox_codec.py`, `reward/sandbox_spares.py` and
+`reward/sandbox_seccomp.py` followed by this source is handed to a
 bare interpreter (`python -I -S -c`) inside the sandbox.
 
 The zygote never reads a request. Its control channel (a SOCK_SEQPACKET
 socket from the host) carries only "run" commands with descriptors attached (a
 stream socket to the host, the socket to the judge, stdin, stdout, stderr), and
 it answers with the exit status of each run. For a run it forks an intermediate
-process that enters a fresh user, pid, mount and IPC namespace and forks the
-run process, pid 1 of its namespace. The run process joins a new session
-keyring, mounts private size-capped tmpfs on /tmp and /dev/shm and an empty one
-on /proc, drops every capability, says hello to the host (who places it in the
-run's cgroup, identifying it by the kernel-checked sender pid), and only then
-reads the job: the program, its limits, and for `inprocess` tests the test code.
+process that enters a fresh user, pid, mount, IPC and network namespace and
+forks the run process, pid 1 of its namespace. Its network namespace holds only
+a loopback device, down: no run can reach another, nor leave state (TIME_WAIT
+sockets on chosen ports) for the next to read. The run process joins a new
+session keyring, mounts private size-capped tmpfs on /tmp and /dev/shm and an
+empty one on /proc, drops every capability, says hello to the host (who places
+it in the run's cgroup, identifying it by the kernel-checked sender pid), reads
+the job (the program, its limits, and for `inprocess` tests the test code) and
+installs its seccomp filter (`reward/sandbox_seccomp.py`) before the program starts.
 
 An `assert` run in `proxy` mode executes the program and then serves calls from
 the judge (`reward/sandbox_judge.py`) over its socket: plain-data arguments in,
@@ -40,8 +44,9 @@ for _name in PRELOAD:
     __import__(_name)
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x10000000, 0x08000000
+CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV = 2, 4
-PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
+PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PR_SET_SECCOMP = 38, 36, 1, 22
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 MUTABLE = (list, dict, set, bytearray)
@@ -90,9 +95,27 @@ def mount_tmpfs(target, size_mb):
 
 
 def new_session_keyring():
-    """A fresh anonymous session keyring: keys a run adds die with it."""
+    """A fresh anonymous session keyring: keys a run adds die with it (a run that cannot join one never starts)."""
     if SYS_KEYCTL is not None:
-        libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None)
+        libc.syscall.restype = ctypes.c_long
+        if libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"keyctl(join session keyring): {os.strerror(err)}")
+
+
+def install_seccomp():
+    """Confine the run's syscalls with the filter of `reward/sandbox_seccomp.py` (needs no_new_privs)."""
+    code = seccomp_filter(os.uname().machine)
+    if code is None:
+        return
+    insns = (ctypes.c_uint64 * len(code))(*[op | jt << 16 | jf << 24 | k << 32 for op, jt, jf, k in code])
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = Prog(len(code), ctypes.addressof(insns))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "prctl(seccomp filter)")
 
 
 def set_limits(limits, processes_in_use):
@@ -310,6 +333,7 @@ def child_main(host, isolated, processes_in_use):
         sys.stderr = open(2, "w", closefd=False)
         random.seed()
         set_limits(limits, processes_in_use)
+        install_seccomp()
     except BaseException:
         try:
             traceback.print_exc()
@@ -333,7 +357,8 @@ def zygote_main():
     def enter():
         if isolated:
             enter_user_namespace()
-            _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare(pid, mount, ipc)")
+            _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET),
+                   "unshare(pid, mount, ipc, net)")
 
     serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use), enter)
 

@@ -353,3 +353,115 @@ def test_shutdown_runs_like_a_real_interpreter(fleet):
     at_exit = "import atexit\natexit.register(print, 9)\nprint(1)\n"
     assert fleet.run([Job(at_exit, late_output, FAST)])[0].passed
     assert_clean_and_serving(fleet)
+
+
+# ---- round 2 of the audit (issue #24): isolation between runs, kernel surface ---------------
+
+TIME_WAIT_WRITER = """
+    import socket
+    for port in (47011, 47013):  # the bits of a message: ports left in TIME_WAIT
+        try:
+            server = socket.socket()
+            server.bind(("127.0.0.1", port))
+            server.listen()
+            client = socket.create_connection(("127.0.0.1", port), timeout=1)
+            conn, _ = server.accept()
+            conn.close()  # the side that closes first keeps the port in TIME_WAIT
+            client.close()
+            server.close()
+        except OSError:
+            pass
+"""
+TIME_WAIT_READER = """
+    import errno, socket
+    def busy_ports():
+        found = []
+        for port in (47011, 47012, 47013):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    found.append(port)
+            finally:
+                s.close()
+        return found
+"""
+
+
+def test_no_channel_between_consecutive_runs_of_one_worker():
+    """TIME_WAIT sockets on chosen loopback ports do not outlive a run: each run has its own network."""
+    with Fleet(workers=1, cache=False, isolation="bwrap") as one:
+        written = run(one, TIME_WAIT_WRITER)
+        read = run(one, TIME_WAIT_READER, "assert busy_ports() == [], busy_ports()\n")
+    assert written.passed, written.stderr
+    assert read.passed, read.stderr
+
+
+def test_loopback_is_down_in_a_run(fleet):
+    program = """
+        import socket
+        def talk():
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            try:
+                socket.create_connection(server.getsockname(), timeout=1)
+                return "connected"
+            except OSError:
+                return "unreachable"
+    """
+    result = run(fleet, program, "assert talk() == 'unreachable', talk()\n")
+    assert result.passed, result.stderr
+
+
+SYSCALL_PROBE = """
+    import ctypes, errno, os, socket
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    NR = {"x86_64": {"io_uring_setup": 425, "perf_event_open": 298, "bpf": 321, "userfaultfd": 323},
+          "aarch64": {"io_uring_setup": 425, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282}}
+    def errno_of(call):
+        if call == "unshare_user":
+            ret = libc.unshare(0x10000000)
+        elif call == "netlink_socket":
+            try:
+                socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)
+                return 0
+            except OSError as e:
+                return e.errno
+        else:
+            buf = ctypes.create_string_buffer(256)
+            ret = libc.syscall(NR[os.uname().machine][call], 8, buf, 0, -1, 0)
+        return 0 if ret >= 0 else ctypes.get_errno()
+"""
+
+
+@pytest.mark.parametrize("call,expected", [("io_uring_setup", "EPERM"), ("perf_event_open", "EPERM"),
+                                           ("bpf", "EPERM"), ("userfaultfd", "EPERM"), ("unshare_user", "EPERM"),
+                                           ("netlink_socket", "EAFNOSUPPORT")])
+def test_seccomp_denies_kernel_surface(fleet, call, expected):
+    result = run(fleet, SYSCALL_PROBE, f"import errno\nassert errno_of({call!r}) == errno.{expected}, "
+                 f"errno_of({call!r})\n")
+    assert result.passed, result.stderr
+
+
+def test_seccomp_keeps_what_programs_use(fleet):
+    """Threads (clone3 falls back to clone), forks, unix and inet sockets still work under the filter."""
+    program = """
+        import os, socket, threading
+        out = []
+        t = threading.Thread(target=out.append, args=(1,))
+        t.start()
+        t.join()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        out.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        a, b = socket.socketpair()
+        a.send(b"x")
+        out.append(b.recv(1))
+        socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()
+    """
+    result = run(fleet, program, "assert out == [1, 7, b'x'], out\n")
+    assert result.passed, result.stderr
