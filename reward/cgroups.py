@@ -1,14 +1,18 @@
-"""Memory and process limits for a whole sandbox run: one cgroup per worker slot, one run at a time.
+"""Memory, process and CPU limits for a whole sandbox run: one cgroup per worker slot, one run at a time.
 
 A run and everything it forks are placed in the slot's cgroup before the
 program starts, so `memory_mb` and `max_processes` bound the run as a whole,
-not each process. Both layouts are supported:
+not each process, and the run gets at most `RUN_CPUS` CPUs however many
+processes it forks: a run cannot starve the runs beside it. Both layouts are
+supported:
 
-- cgroup v1 (separate `memory` and `pids` hierarchies): `memory.limit_in_bytes`
-  (and `memory.memsw.limit_in_bytes` where swap is accounted), `pids.max`;
+- cgroup v1 (separate `memory`, `pids` and, where mounted, `cpu` hierarchies):
+  `memory.limit_in_bytes` (and `memory.memsw.limit_in_bytes` where swap is
+  accounted), `pids.max`, `cpu.cfs_quota_us` over `cpu.cfs_period_us`;
   out-of-memory kills are counted by `oom_kill` in `memory.oom_control`.
-- cgroup v2 (one unified tree): `memory.max`, `memory.swap.max`, `pids.max`;
-  `oom_kill` in `memory.events`; `cgroup.kill` ends every process at once.
+- cgroup v2 (one unified tree): `memory.max`, `memory.swap.max`, `pids.max`,
+  `cpu.max` where the cpu controller can be enabled; `oom_kill` in
+  `memory.events`; `cgroup.kill` ends every process at once.
 
 Groups are made under this process's own cgroup when it is writable, else under
 the hierarchy's root. Where neither layout is writable (no root, no delegation),
@@ -24,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+RUN_CPUS = 1.0  # CPU bandwidth of one run, in CPUs
+CPU_PERIOD_US = 100_000
 
 
 def _own_paths(proc_cgroup: str) -> dict[str, str]:
@@ -51,7 +57,7 @@ class RunCgroup:
 
     @classmethod
     def create(cls, name: str, root: Path = ROOT, proc_cgroup: str | None = None) -> RunCgroup | None:
-        """A fresh cgroup named `name` (v1 memory+pids, else v2), or None where neither is writable."""
+        """A fresh cgroup named `name` (v1 memory+pids, with cpu where mounted, else v2), or None where neither is writable."""
         if proc_cgroup is None:
             try:
                 proc_cgroup = Path("/proc/self/cgroup").read_text()
@@ -60,18 +66,20 @@ class RunCgroup:
         own = _own_paths(proc_cgroup)
         v1 = [root / "memory", root / "pids"]
         if all((d / "cgroup.procs").exists() for d in v1):
-            dirs = cls._make([[d / own.get(d.name, "/").lstrip("/"), d] for d in v1], name, "memory.limit_in_bytes")
+            if (root / "cpu" / "cpu.cfs_quota_us").exists():
+                v1.append(root / "cpu")
+            dirs = cls._make([[d / own.get(d.name, "/").lstrip("/"), d] for d in v1], name)
             if dirs:
                 return cls(1, dirs)
         unified = root if (root / "cgroup.controllers").exists() else root / "unified"
         if (unified / "cgroup.controllers").exists():
-            dirs = cls._make([[unified / own.get("", "/").lstrip("/"), unified]], name, "memory.max", v2=True)
+            dirs = cls._make([[unified / own.get("", "/").lstrip("/"), unified]], name, v2=True)
             if dirs:
                 return cls(2, dirs)
         return None
 
     @staticmethod
-    def _make(candidates: list[list[Path]], name: str, probe: str, v2: bool = False) -> list[Path] | None:
+    def _make(candidates: list[list[Path]], name: str, v2: bool = False) -> list[Path] | None:
         """For each hierarchy, a new group under its first writable candidate parent; None if any fails."""
         made: list[Path] = []
         for parents in candidates:
@@ -84,11 +92,17 @@ class RunCgroup:
                         missing = [c for c in ("memory", "pids") if c not in enabled]
                         if missing:
                             _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in missing))
+                        if "cpu" not in enabled:
+                            try:  # optional: not every delegation grants the cpu controller
+                                _write(parent / "cgroup.subtree_control", "+cpu")
+                            except OSError:
+                                pass
                     group.mkdir()
                     if v2 and not all((group / f).exists() for f in ("memory.max", "pids.max")):
                         group.rmdir()
                         continue
-                    if not v2 and not ((group / probe).exists() or (group / "pids.max").exists()):
+                    if not v2 and not any((group / f).exists() for f in
+                                          ("memory.limit_in_bytes", "pids.max", "cpu.cfs_quota_us")):
                         group.rmdir()
                         continue
                     made.append(group)
@@ -105,14 +119,20 @@ class RunCgroup:
         return made
 
     def set_limits(self, memory_mb: int, max_processes: int) -> None:
-        """Limits for the next run (the group must be empty)."""
+        """Limits for the next run (the group must be empty); the CPU bound is `RUN_CPUS` for every run."""
         memory = str(memory_mb << 20)
+        quota = int(RUN_CPUS * CPU_PERIOD_US)
         for d in self.dirs:
             if self.version == 2:
                 _write(d / "memory.max", memory)
                 if (d / "memory.swap.max").exists():
                     _write(d / "memory.swap.max", "0")
                 _write(d / "pids.max", str(max_processes))
+                if (d / "cpu.max").exists():
+                    _write(d / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            elif (d / "cpu.cfs_quota_us").exists():
+                _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(d / "cpu.cfs_quota_us", str(quota))
             elif (d / "memory.limit_in_bytes").exists():
                 limit, memsw = d / "memory.limit_in_bytes", d / "memory.memsw.limit_in_bytes"
                 try:
@@ -132,6 +152,11 @@ class RunCgroup:
         """Move process `pid` (host pid) into the group; its children are born there."""
         for d in self.dirs:
             _write(d / "cgroup.procs", str(pid))
+
+    @property
+    def cpu_bounded(self) -> bool:
+        """Whether runs in this group get at most `RUN_CPUS` CPUs."""
+        return any((d / "cpu.max").exists() or (d / "cpu.cfs_quota_us").exists() for d in self.dirs)
 
     def oom_kills(self) -> int:
         """How many processes the kernel has killed for exceeding the group's memory limit so far."""

@@ -553,6 +553,11 @@ class SandboxWorker:
     def cgroup_version(self) -> int | None:
         return self._groups[0].version if self._groups else None
 
+    @property
+    def cpu_bounded(self) -> bool:
+        """Whether each run gets at most about one CPU (its cgroup's quota)."""
+        return bool(self._groups) and all(group.cpu_bounded for group in self._groups)
+
     def alive(self) -> bool:
         return bool(self._program and self._judge and self._program.alive() and self._judge.alive())
 

@@ -465,3 +465,41 @@ def test_seccomp_keeps_what_programs_use(fleet):
     """
     result = run(fleet, program, "assert out == [1, 7, b'x'], out\n")
     assert result.passed, result.stderr
+
+
+CPU_HOG = """
+    import os, signal, time
+    kids = []
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            while True:
+                pass
+        kids.append(pid)
+    start = time.monotonic()
+    time.sleep(2.0)
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+    for pid in kids:
+        os.waitpid(pid, 0)
+    wall = time.monotonic() - start
+    times = os.times()
+    cpus_used = (times.children_user + times.children_system) / wall
+"""
+VICTIM = """
+    def work():
+        return sum(i * i for i in range(300_000))
+"""
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")
+def test_a_cpu_hog_gets_about_one_cpu_and_its_neighbour_keeps_its_verdict(fleet):
+    """Eight busy children in their own sessions use at most about one CPU (the run's cgroup quota: a
+    bound that load can only lower), and a correct neighbour run in the same batch still passes."""
+    hog = Job(textwrap.dedent(CPU_HOG), AssertTests("assert cpus_used < 1.3, cpus_used\n"), FAST)
+    victim = Job(textwrap.dedent(VICTIM), AssertTests("assert work() == sum(i * i for i in range(300_000))\n"), FAST)
+    hog_result, victim_result = fleet.run([hog, victim])
+    assert all(w.cpu_bounded for w in fleet._workers if w is not None)
+    assert hog_result.passed, hog_result.stderr
+    assert victim_result.passed, victim_result.stderr
