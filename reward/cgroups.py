@@ -89,14 +89,16 @@ class RunCgroup:
                 try:
                     if v2:
                         enabled = (parent / "cgroup.subtree_control").read_text().split()
-                        missing = [c for c in ("memory", "pids") if c not in enabled]
+                        missing = [c for c in ("memory", "pids", "cpu") if c not in enabled]
                         if missing:
-                            _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in missing))
-                        if "cpu" not in enabled:
-                            try:  # optional: not every delegation grants the cpu controller
-                                _write(parent / "cgroup.subtree_control", "+cpu")
-                            except OSError:
-                                pass
+                            try:
+                                _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in missing))
+                            except OSError:  # cpu is optional: not every delegation grants it
+                                rest = [c for c in missing if c != "cpu"]
+                                if len(rest) == len(missing):
+                                    raise
+                                if rest:
+                                    _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in rest))
                     group.mkdir()
                     if v2 and not all((group / f).exists() for f in ("memory.max", "pids.max")):
                         group.rmdir()

@@ -5,9 +5,12 @@ results in order; several threads may call it at once. Identical jobs (same
 content address, `Job.key()`) are run once: repeats within a batch and across
 batches come from the cache, which can also persist on disk so a rerun of a long
 build resumes instead of starting over (timeouts are never cached: load can cause
-them). A worker that crashes or hangs is replaced and its job retried once, then
-reported as `error`; any other failure around one job is that job's `error`:
-nothing hangs, no job is silently dropped, and no batch fails as a whole.
+them); the cache keeps the `max_cache_entries` most recently used results. A
+worker that crashes or hangs is replaced and its job retried once, then reported
+as `error`; any other failure around one job is that job's `error`: nothing
+hangs (a watchdog kills a worker that outlives its job's limits; that job is not
+retried), no job is silently dropped, and no batch fails as a whole. After
+`close()` no worker starts: jobs still running or waiting end as `error`.
 
 `grain_dataset(jobs)` exposes the same work as a Grain dataset whose worker
 processes each own a sandbox, for pipelines that feed rewards through Grain.
@@ -16,17 +19,23 @@ processes each own a sandbox, for pipelines that feed rewards through Grain.
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from reward.sandbox import Isolation, Job, RunResult, SandboxWorker, WorkerDied, resolve_isolation
+from reward.sandbox import (WATCHDOG_MARGIN_S, Isolation, Job, RunResult, SandboxWorker, WorkerDied,
+                            job_deadline_s, resolve_isolation)
+
+MAX_CACHE_ENTRIES = 200_000  # at most ~4 KiB each (two output excerpts): under 1 GiB
+WATCHDOG_POLL_S = 0.5
 
 
 @dataclasses.dataclass
@@ -38,6 +47,7 @@ class FleetStats:
     cache_hits: int = 0
     retries: int = 0
     worker_restarts: int = 0
+    watchdog_kills: int = 0
 
 
 class Fleet:
@@ -50,6 +60,7 @@ class Fleet:
       isolation: "auto" (bubblewrap, else rlimits with a loud warning), "bwrap" or "rlimits".
       timeout_retries: how many times a run that timed out is run again before its timeout stands
         (`data build` uses 1: a timeout caused by machine load should not drop a candidate).
+      max_cache_entries: how many results the cache keeps (the least recently used go first).
 
     A timeout is never cached across batches nor written to `cache_path`: it may
     come from machine load rather than the program. Several threads may call
@@ -59,26 +70,33 @@ class Fleet:
 
     def __init__(self, workers: int | None = None, cache: bool = True,
                  cache_path: str | os.PathLike | None = None, isolation: Isolation = "auto",
-                 timeout_retries: int = 0):
+                 timeout_retries: int = 0, max_cache_entries: int = MAX_CACHE_ENTRIES):
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         if timeout_retries < 0:
             raise ValueError(f"timeout_retries must be >= 0, got {timeout_retries}")
+        if isinstance(max_cache_entries, bool) or not isinstance(max_cache_entries, int) or max_cache_entries < 1:
+            raise ValueError(f"max_cache_entries must be a positive integer, got {max_cache_entries!r}")
         self.num_workers = workers or os.cpu_count() or 1
         self.isolation = resolve_isolation(isolation)
         self.cache_enabled = cache
         self.timeout_retries = timeout_retries
         self.stats = FleetStats()
-        self._cache: dict[str, RunResult] = {}
+        self.max_cache_entries = max_cache_entries
+        self._cache: collections.OrderedDict[str, RunResult] = collections.OrderedDict()
         self._cache_file = None
         if cache and cache_path is not None:
             self._cache.update(_read_cache(Path(cache_path)))
+            self._trim_cache()
             self._cache_file = open(cache_path, "a", encoding="utf-8")
         self._workers: list[SandboxWorker | None] = [None] * self.num_workers
         self._idle: queue.Queue[int] = queue.Queue()
         for slot in range(self.num_workers):
             self._idle.put(slot)
         self._lock = threading.Lock()
+        self._closed = False
+        self._deadlines: dict[int, float] = {}  # slot -> when its current job's worker is killed
+        self._watchdog_fired: set[int] = set()
 
     def __enter__(self) -> Fleet:
         return self
@@ -87,10 +105,15 @@ class Fleet:
         self.close()
 
     def close(self) -> None:
-        """Stop every sandbox worker and flush the cache file."""
+        """Stop every sandbox worker and flush the cache file; a `run` in progress starts no new worker."""
         with self._lock:
+            self._closed = True
             for i, worker in enumerate(self._workers):
-                if worker is not None:
+                if worker is None:
+                    continue
+                if i in self._deadlines:
+                    worker.kill()  # the thread running its job sees it die and closes it
+                else:
                     worker.close()
                     self._workers[i] = None
             if self._cache_file is not None:
@@ -118,6 +141,7 @@ class Fleet:
                     continue
                 hit = self._cache.get(key) if self.cache_enabled else None
                 if hit is not None:
+                    self._cache.move_to_end(key)
                     results[i] = dataclasses.replace(hit, cached=True)
                     self.stats.cache_hits += 1
                 elif self.cache_enabled and key in todo:
@@ -154,8 +178,10 @@ class Fleet:
         threads = [threading.Thread(target=serve, daemon=True) for _ in range(min(self.num_workers, len(todo)))]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        while threads:
+            threads[0].join(WATCHDOG_POLL_S)
+            threads = [t for t in threads if t.is_alive()]
+            self._watch()
         bar.close()
         for key, indices in todo.items():
             result = done.get(key) or _error("sandbox lost the job")
@@ -177,25 +203,70 @@ class Fleet:
             return _error(f"sandbox error: {type(e).__name__}: {e}")
 
     def _run_on(self, slot: int, job: Job) -> RunResult:
-        """Run on worker `slot`, replacing a dead worker and retrying the job once."""
+        """Run on worker `slot`, replacing a dead worker and retrying the job once.
+
+        No retry once the fleet is closed or the watchdog killed the worker: the job ends as `error`.
+        """
         for attempt in range(2):
             try:
-                worker = self._workers[slot]
-                if worker is None or not worker.alive():
-                    if worker is not None:
-                        worker.close()
-                        self._count("worker_restarts")
-                    worker = self._workers[slot] = SandboxWorker(self.isolation)
-                return worker.run(job)
+                worker = self._start_worker(slot)
+                if worker is None:
+                    return _error("sandbox fleet closed before the job ran")
+                with self._lock:
+                    self._deadlines[slot] = time.monotonic() + job_deadline_s(job)
+                    self._watchdog_fired.discard(slot)
+                try:
+                    return worker.run(job)
+                finally:
+                    with self._lock:
+                        self._deadlines.pop(slot, None)
             except (WorkerDied, RuntimeError, OSError) as e:
                 error = e
                 if self._workers[slot] is not None:
                     self._workers[slot].close()
                     self._workers[slot] = None
                     self._count("worker_restarts")
+                with self._lock:
+                    if slot in self._watchdog_fired:
+                        self._watchdog_fired.discard(slot)
+                        return _error(f"sandbox watchdog: the job ran past its limits plus "
+                                      f"{WATCHDOG_MARGIN_S:g} s; its worker was killed")
+                    if self._closed:
+                        return _error("sandbox fleet closed during the job")
                 if attempt == 0:
                     self._count("retries")
         return _error(f"sandbox worker failed twice: {error}")
+
+    def _start_worker(self, slot: int) -> SandboxWorker | None:
+        """Worker `slot`, started if it is not running; None once the fleet is closed."""
+        worker = self._workers[slot]
+        if worker is not None and worker.alive():
+            return worker
+        if worker is not None:
+            worker.close()
+            self._count("worker_restarts")
+        self._workers[slot] = None
+        if self._closed:
+            return None
+        worker = SandboxWorker(self.isolation)
+        with self._lock:
+            if not self._closed:
+                self._workers[slot] = worker
+                return worker
+        worker.close()  # close() ran while it started
+        return None
+
+    def _watch(self) -> None:
+        """Kill the worker of every job past its deadline (`job_deadline_s`): nothing a program does hangs `run`."""
+        now = time.monotonic()
+        with self._lock:
+            for slot, deadline in list(self._deadlines.items()):
+                worker = self._workers[slot]
+                if now > deadline and worker is not None:
+                    self._watchdog_fired.add(slot)
+                    del self._deadlines[slot]
+                    self.stats.watchdog_kills += 1
+                    worker.kill()
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -203,9 +274,14 @@ class Fleet:
 
     def _remember(self, key: str, result: RunResult) -> None:
         self._cache[key] = result
+        self._trim_cache()
         if self._cache_file is not None:
             self._cache_file.write(json.dumps({"key": key, **result.to_json()}) + "\n")
             self._cache_file.flush()
+
+    def _trim_cache(self) -> None:
+        while len(self._cache) > self.max_cache_entries:
+            self._cache.popitem(last=False)
 
     def worker_uids(self) -> list[int]:
         """Real uids of the live sandboxes (two per worker; root only; for tests and monitoring)."""
@@ -213,17 +289,13 @@ class Fleet:
 
 
 def _error(message: str) -> RunResult:
-    return RunResult(passed=False, status="error", duration_s=0.0, stderr=message)
+    """A failure of the sandbox around a job (not a verdict on its program)."""
+    return RunResult(passed=False, status="error", duration_s=0.0, stderr=message, infrastructure=True)
 
 
 def _cacheable(result: RunResult) -> bool:
     """A verdict of the program: not a failure of the sandbox itself, and not a timeout (load-dependent)."""
-    return not _infrastructure_failure(result) and result.status != "timeout"
-
-
-def _infrastructure_failure(result: RunResult) -> bool:
-    """A failure of the sandbox itself, not of the program: never cached."""
-    return result.status == "error" and result.stderr.startswith("sandbox ")
+    return not result.infrastructure and result.status != "timeout"
 
 
 def _read_cache(path: Path) -> dict[str, RunResult]:
@@ -241,6 +313,7 @@ def _read_cache(path: Path) -> dict[str, RunResult]:
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                 continue
             if _cacheable(result):  # files written before timeouts were kept out may hold some
+                cache.pop(key, None)  # in the order of last use, for the cache bound
                 cache[key] = result
     return cache
 

@@ -52,7 +52,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from reward.cgroups import RunCgroup
-from reward.sandbox_codec import CodecError, recv_frame, send_frame
+from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
+from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
 from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed"]
@@ -72,6 +73,7 @@ UID_LOCK_DIR = Path(tempfile.gettempdir()) / "precisecoder-sandbox-uids"
 EXCERPT = 2048
 STARTUP_S = 30.0
 GRACE_S = 10.0  # how long a killed run may take to be reported before the worker counts as dead
+WATCHDOG_MARGIN_S = 2 * STARTUP_S + GRACE_S  # beyond a job's own time limits, before its worker is killed
 MAX_TIMEOUT_S = 86_400.0
 MAX_MEMORY_MB = 1 << 20
 
@@ -95,6 +97,12 @@ class Limits:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_MEMORY_MB:
                 raise ValueError(f"{name} must be an integer in [1, {MAX_MEMORY_MB}], got {v!r}")
+
+
+def job_deadline_s(job: Job) -> float:
+    """The longest a worker may spend on `job` before a watchdog kills it: its runs' limits plus margins."""
+    cases = len(job.tests.cases) if isinstance(job.tests, IOTests) else 1
+    return cases * (job.limits.timeout_s + GRACE_S) + WATCHDOG_MARGIN_S
 
 
 def limits_for(task: Task, default: Limits) -> Limits:
@@ -125,7 +133,12 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """Outcome of one run; `passed` is decided outside the program's process (except `inprocess`)."""
+    """Outcome of one run; `passed` is decided outside the program's process (except `inprocess`).
+
+    `infrastructure` is set by the host alone when the sandbox failed (nothing the
+    program prints can set it): such a result says nothing about the program, and
+    is never cached.
+    """
 
     passed: bool
     status: Status
@@ -133,6 +146,7 @@ class RunResult:
     stdout: str = ""
     stderr: str = ""
     cached: bool = False
+    infrastructure: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -411,8 +425,8 @@ class _Server:
     def alive(self) -> bool:
         return self.proc.poll() is None if hasattr(self, "proc") else False
 
-    def close(self) -> None:
-        """Kill the whole sandbox (its pid 1, hence every process in it) and release the uid."""
+    def kill(self) -> None:
+        """SIGKILL the sandbox's pid 1 (hence every process in it) and bubblewrap; descriptors stay open."""
         proc = getattr(self, "proc", None)
         for pid, kill in ((self.sandbox_pid, os.kill), (proc.pid if proc else None, os.killpg)):
             if pid is not None:
@@ -420,6 +434,11 @@ class _Server:
                     kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+    def close(self) -> None:
+        """Kill the whole sandbox (its pid 1, hence every process in it) and release the uid."""
+        proc = getattr(self, "proc", None)
+        self.kill()
         if proc is not None:
             try:
                 proc.wait(timeout=5)
@@ -449,31 +468,23 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_fd(fd: int, limit: int | None = None) -> bytes:
-    size = os.fstat(fd).st_size
-    want = size if limit is None else min(size, limit)
-    chunks, offset = [], 0
-    while offset < want:
-        chunk = os.pread(fd, min(want - offset, 1 << 20), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
 def _excerpt(fd: int) -> str:
     size = os.fstat(fd).st_size
-    text = _read_fd(fd, EXCERPT).decode("utf-8", "replace")
+    text = os.pread(fd, EXCERPT, 0).decode("utf-8", "replace")
     return text + (f"\n... [{size - EXCERPT} more bytes]" if size > EXCERPT else "")
 
 
-def normalize(text: str) -> list[str]:
-    """Lines with trailing whitespace stripped and blank lines at the end removed."""
-    lines = [line.rstrip() for line in text.split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
+def _job_frame(job: Job) -> bytes | None:
+    """The job as the run process receives it, or None when it is over the codec's message limit."""
+    mode = job.mode
+    msg = {"op": "job", "mode": mode, "fds": ["stdin", "stdout", "stderr"] + (["judge"] if mode == "proxy" else []),
+           "program": job.program, "limits": dataclasses.asdict(job.limits)}
+    if mode == "inprocess":
+        msg["tests"] = job.tests.code
+    try:
+        return frame(msg)
+    except CodecError:
+        return None
 
 
 def _recv_hello(sock: socket.socket) -> int | None:
@@ -502,9 +513,10 @@ class _Outcome:
     judge: dict | None = None
     done: bool = False
     duration_s: float = 0.0
-    stdout: bytes = b""
+    stdout: str = ""
     stderr: str = ""
     oom: bool = False
+    matches: bool = False  # io: stdout equals the case's expected output
 
 
 class SandboxWorker:
@@ -561,23 +573,31 @@ class SandboxWorker:
     def alive(self) -> bool:
         return bool(self._program and self._judge and self._program.alive() and self._judge.alive())
 
+    def kill(self) -> None:
+        """Kill both sandboxes now, from any thread: a `run` in progress ends with `WorkerDied` (then `close`)."""
+        for server in (self._program, self._judge):
+            if server is not None:
+                server.kill()
+
     def run(self, job: Job) -> RunResult:
         """Run one job; raises `WorkerDied` if a server is gone or stops answering."""
         if not self.alive():
             raise WorkerDied("sandbox server is not running")
+        message = _job_frame(job)
+        if message is None:
+            return RunResult(False, "error", 0.0, stderr=f"refused unrun: the job is over the sandbox's "
+                             f"{MAX_BYTES >> 20} MiB limit on one message")
         if isinstance(job.tests, IOTests):
             total = 0.0
             for case in job.tests.cases:
-                out = self._one(job, "io", case.stdin)
+                out = self._one(job, message, case.stdin, case.stdout)
                 total += out.duration_s
-                text = out.stdout.decode("utf-8", "replace")
-                ok = out.exited and out.exit == 0 and normalize(text) == normalize(case.stdout)
-                status = _classify(out, ok, "io")
+                status = _classify(out, out.exited and out.exit == 0 and out.matches, "io")
                 if status != "pass":
                     break
-            return RunResult(status == "pass", status, total, _excerpt_text(out.stdout), out.stderr)
+            return RunResult(status == "pass", status, total, out.stdout, out.stderr)
         mode = job.tests.mode
-        out = self._one(job, mode, "")
+        out = self._one(job, message, "")
         if mode == "proxy":
             ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"
         else:
@@ -586,11 +606,14 @@ class SandboxWorker:
         stderr = out.stderr
         if out.judge is not None and out.judge.get("detail"):
             stderr = (stderr + "\n" if stderr else "") + "[tests] " + str(out.judge["detail"])[-EXCERPT:]
-        return RunResult(status == "pass", status, out.duration_s, _excerpt_text(out.stdout), stderr)
+        return RunResult(status == "pass", status, out.duration_s, out.stdout, stderr)
 
-    def _one(self, job: Job, mode: str, stdin: str) -> _Outcome:
-        """One run process (and, in proxy mode, one test process) from start to verdict inputs."""
-        limits = job.limits
+    def _one(self, job: Job, message: bytes, stdin: str, expected: str | None = None) -> _Outcome:
+        """One run process (and, in proxy mode, one test process) from start to verdict inputs.
+
+        `message` is the job's frame (`_job_frame`); `expected`, an io case's expected stdout.
+        """
+        limits, mode = job.limits, job.mode
         owned: list = []
         try:
             local_pid, host, (pid, group) = self._program.take()
@@ -614,28 +637,29 @@ class SandboxWorker:
                 fds["judge"] = call_program.fileno()
                 _, judge_sock, _ = self._judge.take()
                 owned.append(judge_sock)
-                judge_pidfd = os.pidfd_open(_recv_hello(judge_sock))
+                judge_pid = _recv_hello(judge_sock)
+                judge_pidfd = os.pidfd_open(judge_pid)
                 owned.append(judge_pidfd)
+                if group is not None:
+                    group.add(judge_pid)  # what the program makes the tests hold counts against its run
                 tests_fd = _memfd("tests", job.tests.code.encode("utf-8", "surrogatepass"))
                 owned.append(tests_fd)
                 socket.send_fds(judge_sock, [b"F"], [call_judge.fileno(), tests_fd])
                 send_frame(judge_sock, {"op": "tests", "limits": dataclasses.asdict(limits)})
                 judge = (judge_sock, judge_pidfd)
             socket.send_fds(host, [b"F"], list(fds.values()))
-            job_msg = {"op": "job", "mode": mode, "fds": list(fds), "program": job.program,
-                       "limits": dataclasses.asdict(limits)}
-            if mode == "inprocess":
-                job_msg["tests"] = job.tests.code
             if mode == "proxy":
                 call_program.close()
                 call_judge.close()
             try:
-                send_frame(host, job_msg)
+                host.sendall(message)
             except OSError:
                 pass  # it died already: its exit report follows
             out = self._wait(mode, local_pid, host, pid, pidfd, judge, group, limits.timeout_s)
-            out.stdout = _read_fd(stdout_fd)
+            out.stdout = _excerpt(stdout_fd)
             out.stderr = _excerpt(stderr_fd)
+            if expected is not None:
+                out.matches = output_matches(fd_chunks(stdout_fd), expected)
             if group is not None:
                 out.oom = group.oom_kills() > oom_before
             return out
@@ -666,9 +690,12 @@ class SandboxWorker:
         program, judge_server = self._program, self._judge
         sel.register(program.control, selectors.EVENT_READ, "program")
         sel.register(judge_server.control, selectors.EVENT_READ, "judge_server")
+        readers = {}
         if mode == "inprocess":
+            readers["host"] = FrameReader(host)
             sel.register(host, selectors.EVENT_READ, "host")
         if judge is not None:
+            readers["judge"] = FrameReader(judge[0])
             sel.register(judge[0], selectors.EVENT_READ, "judge")
         start = time.monotonic()
         deadline, killed = start + timeout_s, False
@@ -696,15 +723,21 @@ class SandboxWorker:
                         judge_server.exits.clear()
                     elif key.data == "host":
                         try:
-                            msg = recv_frame(host)
-                            out.done = out.done or msg.get("op") == "done"
-                        except (EOFError, OSError, CodecError):
+                            frames, closed = readers["host"].read()
+                        except CodecError:
+                            frames, closed = [], True
+                        out.done = out.done or any(msg.get("op") == "done" for msg in frames)
+                        if closed:
                             sel.unregister(host)
                     elif key.data == "judge":
                         try:
-                            out.judge = recv_frame(judge[0])
-                        except (EOFError, OSError, CodecError):
-                            out.judge = {"outcome": "killed", "detail": "the test process ended without an outcome"}
+                            frames, closed = readers["judge"].read()
+                        except CodecError:
+                            frames, closed = [], True
+                        if not frames and not closed:
+                            continue  # part of the outcome: the rest follows, or the deadline
+                        out.judge = frames[0] if frames else {
+                            "outcome": "killed", "detail": "the test process ended without an outcome"}
                         sel.unregister(judge[0])
                         if out.judge.get("outcome") != "pass" and not out.exited and not killed:
                             self._kill(pid, pidfd, None, group)
@@ -757,11 +790,6 @@ def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
     if mode == "inprocess":
         return "fail" if out.exit == 3 else "error"
     return "error" if out.exit != 0 else "fail"
-
-
-def _excerpt_text(data: bytes) -> str:
-    text = data[:EXCERPT].decode("utf-8", "replace")
-    return text + (f"\n... [{len(data) - EXCERPT} more bytes]" if len(data) > EXCERPT else "")
 
 
 def _killpg(pid: int) -> None:

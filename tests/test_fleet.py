@@ -220,3 +220,96 @@ def test_host_descriptors_above_1023():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ---- round 2 of the audit (issue #24): infrastructure failures, the cache bound, close, hangs -------
+
+def test_a_program_cannot_pass_for_an_infrastructure_failure():
+    """Writing `sandbox ...` to stderr and failing is a verdict like any other: cached, not re-run until a pass."""
+    coin = Job("import sys\nprint('sandbox worker failed twice', file=sys.stderr)\nsys.exit(1)\n",
+               AssertTests("assert True"), LIMITS)
+    with Fleet(workers=1) as fleet:
+        first, = fleet.run([coin])
+        again, = fleet.run([coin])
+    assert first.status == "error" and not first.infrastructure
+    assert again.cached and fleet.stats.runs == 1
+
+
+def test_the_cache_keeps_only_the_most_recently_used_results(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    with Fleet(workers=1, cache_path=path, max_cache_entries=2) as fleet:
+        fleet.run([square_job(1), square_job(2)])
+        assert fleet.run([square_job(1)])[0].cached  # now 2 is the least recently used
+        fleet.run([square_job(3)])
+        assert len(fleet._cache) == 2 and fleet.stats.runs == 3
+        assert not fleet.run([square_job(2)])[0].cached and fleet.stats.runs == 4
+    with Fleet(workers=1, cache_path=path, max_cache_entries=1) as reloaded:
+        assert list(reloaded._cache) == [square_job(2).key()]  # the file's last line
+    with pytest.raises(ValueError):
+        Fleet(max_cache_entries=0)
+
+
+def _run_in_thread(fleet: Fleet, jobs: list[Job]) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.extend(fleet.run(jobs)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _wait_until_running(fleet: Fleet) -> None:
+    deadline = time.monotonic() + 120
+    while not fleet._deadlines and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fleet._deadlines, "the job never started"
+    time.sleep(0.3)  # into the program's sleep
+
+
+SLEEPER = Job("import time\ntime.sleep(600)\n", AssertTests("assert True"), Limits(timeout_s=120.0))
+
+
+def test_close_during_a_run_leaves_no_worker_and_does_not_retry():
+    fleet = Fleet(workers=1, cache=False)
+    thread, out = _run_in_thread(fleet, [SLEEPER, square_job(1)])
+    _wait_until_running(fleet)
+    fleet.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert [r.status for r in out] == ["error", "error"] and all(r.infrastructure for r in out), out
+    assert "closed" in out[0].stderr and fleet.stats.retries == 0
+    assert fleet._workers == [None]
+    assert fleet.run([square_job(2)])[0].status == "error"  # a closed fleet starts nothing
+
+
+def test_the_watchdog_kills_a_worker_past_its_jobs_deadline(monkeypatch):
+    """A job that outlives its limits (here a deadline shortened to 1 s) is that job's error, not a hang."""
+    from reward import fleet as fleet_module
+
+    monkeypatch.setattr(fleet_module, "job_deadline_s", lambda job: 1.0 if job is SLEEPER else 600.0)
+    with Fleet(workers=1, cache=False) as fleet:
+        thread, out = _run_in_thread(fleet, [SLEEPER])
+        thread.join(60)
+        assert not thread.is_alive()
+        assert out[0].status == "error" and out[0].infrastructure and "watchdog" in out[0].stderr, out
+        assert fleet.stats.watchdog_kills == 1 and fleet.stats.retries == 0
+        assert fleet.run([square_job(4)])[0].passed
+
+
+def test_a_partial_frame_on_the_host_socket_is_a_timeout_not_a_hang():
+    """An `inprocess` program writes two bytes of a frame header to every descriptor and sleeps."""
+    program = ("import os, time\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\x00\\x00')\n"
+               "    except OSError:\n        pass\ntime.sleep(600)\n")
+    job = Job(program, AssertTests("assert True", "inprocess"), Limits(timeout_s=1.0))
+    with Fleet(workers=1, cache=False) as fleet:
+        thread, out = _run_in_thread(fleet, [job])
+        thread.join(60)
+        assert not thread.is_alive(), "Fleet.run hung on the host socket"
+        assert out[0].status == "timeout", out
+        assert fleet.stats.worker_restarts == 0 and fleet.run([square_job(5)])[0].passed
+
+
+def test_a_job_over_the_message_limit_is_refused_up_front():
+    big = Job("x = '" + "a" * (17 << 20) + "'\ndef sq(v):\n    return v * v\n", AssertTests("assert sq(3) == 9"), LIMITS)
+    with Fleet(workers=1, cache=False) as fleet:
+        result, = fleet.run([big])
+        assert result.status == "error" and "16 MiB" in result.stderr and not result.infrastructure, result
+        assert fleet.stats.worker_restarts == 0 and fleet.stats.retries == 0

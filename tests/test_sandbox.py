@@ -503,3 +503,43 @@ def test_a_cpu_hog_gets_about_one_cpu_and_its_neighbour_keeps_its_verdict(fleet)
     assert all(w.cpu_bounded for w in fleet._workers if w is not None)
     assert hog_result.passed, hog_result.stderr
     assert victim_result.passed, victim_result.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")
+def test_the_judges_test_process_counts_against_the_runs_memory(fleet):
+    """What the tests hold (here 300 MB, as a program's huge return value would make them) is in the run's cgroup."""
+    result = run(fleet, "def f():\n    return 1\n", "blob = b'x' * (300 << 20)\nassert f() == 1\n",
+                 Limits(timeout_s=30.0, memory_mb=200))
+    assert result.status == "oom", result
+
+
+def test_io_output_is_compared_as_a_stream(fleet):
+    """16 MB of short lines that differ from the first line on are not read, split and held by the host."""
+    import tracemalloc
+
+    flood = "import sys\nsys.stdout.write('1\\n' * (8 << 20))\n"
+    job = Job(flood, IOTests((IOCase("", "2\n"),)), FAST)
+    tracemalloc.start()
+    try:
+        result = fleet.run([job])[0]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.status == "fail", result
+    assert peak < 8 << 20, peak
+
+
+@pytest.mark.parametrize("output,expected", [
+    ("1\n2\n", "1\n2"), ("1  \n2\t\n\n\n", "1\n2\n"), ("1\n2", "1\n3"), ("1\n", "1\n2\n"), ("1\n2\n3", "1\n2"),
+    ("", ""), ("\n \n", ""), ("x", ""), ("é\nü\n", "é\nü"), ("é\n", "e\n"), ("a\n\nb\n", "a\nb\n"),
+    ("\xff\xfe", "\ufffd\ufffd"), ("a\r\nb\r\n", "a\nb"),
+])
+def test_streamed_io_comparison_agrees_with_normalize(output, expected):
+    from reward.sandbox_streams import normalize, output_matches
+
+    data = output.encode("utf-8", "surrogateescape") if output != "\xff\xfe" else b"\xff\xfe"
+    truth = normalize(data.decode("utf-8", "replace")) == normalize(expected)
+    for size in (1, 2, 3, len(data) or 1):  # every chunking, multibyte characters split across chunks
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert output_matches(chunks, expected) == truth, (output, expected, size)
+    assert not output_matches([b"1\n" + b" " * 100], "1\n", slack=10)  # past the bound: fails unread

@@ -75,18 +75,19 @@ def test_cgroup_v2_layout(tmp_path, monkeypatch):
 
     def mkdir(self, *a, **k):  # the kernel fills a new group with its interface files
         real_mkdir(self, *a, **k)
-        for name in ("memory.max", "memory.swap.max", "pids.max", "cgroup.procs", "memory.events"):
+        for name in ("memory.max", "memory.swap.max", "pids.max", "cpu.max", "cgroup.procs", "memory.events"):
             (self / name).write_text("")
         (self / "memory.events").write_text("low 0\noom 1\noom_kill 2\n")
 
     monkeypatch.setattr(type(own), "mkdir", mkdir)
     group = RunCgroup.create("run-1", root=tmp_path, proc_cgroup="0::/user.slice\n")
     assert group is not None and group.version == 2 and group.dirs == [own / "run-1"]
-    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     group.set_limits(256, 32)
     assert (own / "run-1" / "memory.max").read_text() == str(256 << 20)
     assert (own / "run-1" / "memory.swap.max").read_text() == "0"
     assert (own / "run-1" / "pids.max").read_text() == "32"
+    assert (own / "run-1" / "cpu.max").read_text() == "100000 100000" and group.cpu_bounded
     assert group.oom_kills() == 2
 
 
