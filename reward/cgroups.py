@@ -85,7 +85,7 @@ class RunCgroup:
         for parents in candidates:
             for parent in parents:
                 group = parent / name
-                _remove_orphans(parent)
+                _remove_orphans(parent, 2 if v2 else 1)
                 try:
                     if v2:
                         enabled = (parent / "cgroup.subtree_control").read_text().split()
@@ -216,8 +216,9 @@ class RunCgroup:
                     time.sleep(0.02)
 
 
-def _remove_orphans(parent: Path) -> None:
-    """Delete empty groups left by sandbox owners that died without closing (named precisecoder-PID-...)."""
+def _remove_orphans(parent: Path, version: int) -> None:
+    """Kill the processes of groups left by sandbox owners that died without closing (named
+    precisecoder-PID-...), then delete the groups."""
     try:
         entries = list(parent.glob("precisecoder-*"))
     except OSError:
@@ -226,7 +227,4 @@ def _remove_orphans(parent: Path) -> None:
         owner = group.name.split("-")[1]
         if not owner.isdigit() or Path(f"/proc/{owner}").exists():
             continue
-        try:
-            group.rmdir()
-        except OSError:
-            pass
+        RunCgroup(version, [group]).remove()

@@ -5,11 +5,14 @@ sources). A server keeps one spare ready: it forks it, passes the host one end
 of a socket whose other end the spare holds (over the SOCK_SEQPACKET control
 socket, with SCM_RIGHTS), forks the next one when the host says "more", and
 reports each child's exit status. The host talks to a spare directly, so the
-server never reads a request and stays off the critical path of a run.
+server never reads a request and stays off the critical path of a run. When its
+control socket closes (the host is gone), the server kills every spare it made,
+those running a program included, before it exits: no run outlives its host.
 """
 
 import os
 import select
+import signal
 import socket
 import traceback
 
@@ -96,16 +99,23 @@ def serve_spares(control, child, enter=None):
             control.send(frame(reply)[4:])
 
     spare()
-    while True:
-        for fd, _ in poller.poll():
-            if fd == control.fileno():
-                try:
-                    data = control.recv(1 << 16)
-                except OSError:
-                    return
-                if not data:
-                    return
-                if loads(data).get("op") == "more":
-                    spare()
-            elif fd in by_fd:
-                reap()
+    try:
+        while True:
+            for fd, _ in poller.poll():
+                if fd == control.fileno():
+                    try:
+                        data = control.recv(1 << 16)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    if loads(data).get("op") == "more":
+                        spare()
+                elif fd in by_fd:
+                    reap()
+    finally:
+        for fd in by_fd:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass

@@ -543,3 +543,69 @@ def test_streamed_io_comparison_agrees_with_normalize(output, expected):
         chunks = [data[i:i + size] for i in range(0, len(data), size)]
         assert output_matches(chunks, expected) == truth, (output, expected, size)
     assert not output_matches([b"1\n" + b" " * 100], "1\n", slack=10)  # past the bound: fails unread
+
+
+ORPHAN_HOST = """
+from reward.fleet import Fleet
+from reward.sandbox import Job, Limits
+from reward.schema import AssertTests
+fleet = Fleet(workers=1, cache=False, isolation="bwrap")
+print("ready", flush=True)
+fleet.run([Job("import time\\ntime.sleep(600)\\n", AssertTests("assert True"), Limits(timeout_s=300.0))])
+"""
+
+
+def _group_processes(owner: int) -> list[int]:
+    """Processes in the cgroups a sandbox owner made (named precisecoder-OWNER-...)."""
+    found = set()
+    for procs in Path("/sys/fs/cgroup").glob(f"**/precisecoder-{owner}-*/cgroup.procs"):
+        try:
+            found.update(int(p) for p in procs.read_text().split())
+        except (OSError, ValueError):
+            pass
+    return sorted(found)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")
+def test_a_run_dies_with_its_host():
+    """SIGTERM to the host while a run sleeps: the zygote and the judge kill their runs as their control
+    sockets close, so neither the run nor the judge's test process is left in the run's cgroup."""
+    import signal
+    import subprocess
+
+    host = subprocess.Popen([sys.executable, "-c", ORPHAN_HOST], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while len(_group_processes(host.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_group_processes(host.pid)) >= 2  # the run and the test process judging it
+    finally:
+        host.send_signal(signal.SIGTERM)
+        host.wait(60)
+    deadline = time.monotonic() + 60
+    while _group_processes(host.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group_processes(host.pid) == []
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")
+def test_cleanup_kills_the_processes_of_orphaned_groups():
+    import subprocess
+
+    from reward.cgroups import RunCgroup
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = RunCgroup.create(f"precisecoder-{gone.pid}-test-orphan")
+    assert orphan is not None
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        orphan.add(sleeper.pid)
+        fresh = RunCgroup.create(f"precisecoder-{os.getpid()}-test-fresh")  # cleans up beside itself first
+        assert sleeper.wait(30) == -9
+        assert not any(d.exists() for d in orphan.dirs)
+        fresh.remove()
+    finally:
+        sleeper.kill()
+        orphan.remove()
