@@ -193,7 +193,7 @@ class Fleet:
         """One job on worker `slot`: timeouts retried as configured, any exception an `error` result."""
         try:
             result = self._run_on(slot, job)
-            for _ in range(self.timeout_retries):
+            for _ in range(self.timeout_retries if job.retry_timeout else 0):
                 if result.status != "timeout":
                     break
                 self._count("retries")

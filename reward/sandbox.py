@@ -113,11 +113,16 @@ def limits_for(task: Task, default: Limits) -> Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One test run: a program, its tests and the limits to run them under."""
+    """One test run: a program, its tests and the limits to run them under.
+
+    `retry_timeout=False` tells a fleet that retries timeouts not to retry this
+    one (the scorer's window runs: a timeout there is a fail). It is not part of `key()`.
+    """
 
     program: str
     tests: Tests
     limits: Limits = Limits()
+    retry_timeout: bool = True
 
     def key(self) -> str:
         """Content address of the run: identical keys give identical verdicts."""

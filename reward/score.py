@@ -9,7 +9,11 @@ the sequential search's answer (sizes s = 1, 2, ..., then components, then
 positions; the first pass settles a component) within `max_window_runs`
 windows per prediction, but runs the next windows of every prediction still
 searching together, at most `window_batch` of one size per prediction per
-call. Most components stop at s = 1 (cap = |δ*| + ε is small), so one call is
+call. Window runs are bounded by the unit run, so a prediction whose windows
+hang cannot buy worker time: each gets a timeout derived from the unit run's
+duration (`window_timeout_s`), a timeout is a fail and is not retried, and the
+prediction's windows share a wall-time budget (`window_budget_s`) past which
+its search is capped like one out of `max_window_runs`. Most components stop at s = 1 (cap = |δ*| + ε is small), so one call is
 the usual case. Within a call, identical jobs are sent once, and a job seen
 in an earlier phase is not sent again, so no program runs twice even without
 the fleet's cache; programs that differ only in whitespace at their very end
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -36,6 +41,10 @@ from reward.schema import Prediction, Task, Tests
 DEFAULT_LAMBDA = 1 / 3
 DEFAULT_EPSILON = 1
 DEFAULT_MAX_WINDOW_RUNS = 256
+WINDOW_TIMEOUT_FLOOR_S = 2.0  # a window run's timeout is never below this (load must not fail a window)
+WINDOW_TIMEOUT_FACTOR = 10.0  # ... nor below this many times the unit run's duration
+WINDOW_BUDGET_TIMEOUTS = 4  # a prediction's windows may spend this many window timeouts ...
+WINDOW_BUDGET_FACTOR = 2.0  # ... plus, per window run allowed, this many unit-run durations
 
 RunBatch = Callable[[Sequence[Job]], list[RunResult]]
 
@@ -255,6 +264,18 @@ def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verd
 # Test runs --------------------------------------------------------------------
 
 
+def window_timeout_s(timeout_s: float, unit_s: float) -> float:
+    """A window run's timeout: WINDOW_TIMEOUT_FACTOR × the unit run's duration, at least the floor,
+    at most the task's own timeout (a window is the buggy program with part of the fix: about as fast)."""
+    return min(timeout_s, max(WINDOW_TIMEOUT_FLOOR_S, WINDOW_TIMEOUT_FACTOR * unit_s))
+
+
+def window_budget_s(window_timeout: float, unit_s: float, max_window_runs: int) -> float:
+    """The wall time a prediction's window runs may use in all: a few timeouts, and for every window
+    run allowed a few unit-run durations (what honest windows take)."""
+    return WINDOW_BUDGET_TIMEOUTS * window_timeout + WINDOW_BUDGET_FACTOR * max_window_runs * unit_s
+
+
 def canonical_job(program: str, tests: Tests, limits: Limits) -> Job:
     """The job that runs a program: spaces, tabs and line ends at its very end are dropped.
 
@@ -274,13 +295,16 @@ class _Runner:
         self._done: dict[Job, RunResult] = {}
 
     def __call__(self, jobs: Sequence[Job]) -> list[bool]:
+        return [result.passed for result in self.results(jobs)]
+
+    def results(self, jobs: Sequence[Job]) -> list[RunResult]:
         todo = list(dict.fromkeys(job for job in jobs if job not in self._done))
         if todo:
             results = self._run_batch(todo)
             if len(results) != len(todo):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(todo)} jobs")
             self._done.update(zip(todo, results))
-        return [self._done[job].passed for job in jobs]
+        return [self._done[job] for job in jobs]
 
 
 class WindowSearch:
@@ -289,19 +313,23 @@ class WindowSearch:
     The result is the spec's sequential search: windows in order of size s,
     then component, then position; a component settles at the size of its
     first passing window, or at ℓ_K once its last window fails; every window
-    tried for an unsettled component uses one of `max_window_runs`. When they
-    are used up, the components still unsettled get |ess_K| = ℓ_K and the
-    search is `capped`. `take` hands out the next windows (one size at a
+    tried for an unsettled component uses one of `max_window_runs`, and its
+    duration comes out of `budget_s`. When either is used up, the components
+    still unsettled get |ess_K| = ℓ_K and the search is `capped`. A batch holds
+    no more windows than the time left pays for at `window_s` (the most one
+    window run takes), so the windows never use more than `budget_s` + `window_s`. `take` hands out the next windows (one size at a
     time, at most `n`, never past the budget) so they can run in parallel;
     `record` reads their verdicts in order, so windows after a component's
     first pass in the same batch are run but change nothing (at most one
     batch per component is spent after its first pass).
     """
 
-    def __init__(self, components: Sequence[tuple[int, Component]], max_window_runs: int):
+    def __init__(self, components: Sequence[tuple[int, Component]], max_window_runs: int,
+                 budget_s: float = math.inf, window_s: float = math.inf):
         self.essential: dict[int, int] = {}
         self.capped = False
         self._budget = max_window_runs
+        self._budget_s, self._window_s = budget_s, window_s
         self._size = {k: comp.size for k, comp in components}
         self._left = {k: sum(comp.size - s + 1 for s in range(1, comp.search_bound + 1)) for k, comp in components}
         for k, left in self._left.items():
@@ -331,6 +359,8 @@ class WindowSearch:
     def take(self, n: int) -> list[tuple[int, int, tuple[Edit, ...]]]:
         """The next windows to run: at most n, all of one size, within the budget left."""
         batch: list[tuple[int, int, tuple[Edit, ...]]] = []
+        if math.isfinite(self._budget_s) and math.isfinite(self._window_s):
+            n = min(n, max(1, math.ceil(self._budget_s / self._window_s)))
         while self._next is not None and len(batch) < min(n, self._budget):
             if self._next[0] not in self.essential:
                 if batch and self._next[1] != batch[0][1]:
@@ -340,8 +370,9 @@ class WindowSearch:
         self._taken = batch
         return batch
 
-    def record(self, passed: Sequence[bool]) -> None:
-        """The verdicts of the windows of the last `take`, in order."""
+    def record(self, passed: Sequence[bool], durations_s: Sequence[float] | None = None) -> None:
+        """The verdicts (and run durations) of the windows of the last `take`, in order."""
+        self._budget_s -= sum(durations_s or ())
         for (k, s, _), ok in zip(self._taken, passed, strict=True):
             if k in self.essential:
                 continue
@@ -354,7 +385,7 @@ class WindowSearch:
         self._cap()
 
     def _cap(self) -> None:
-        if self._budget <= 0:
+        if self._budget <= 0 or self._budget_s <= 0:
             for k in self._size:
                 if k not in self.essential:
                     self.essential[k] = self._size[k]
@@ -400,9 +431,11 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
     programs = [program_of(pred, think_opened) for _, pred in items]
     jobs_of: list[set[Job]] = [set() for _ in items]
 
-    def job(n: int, program: str) -> Job:
+    def job(n: int, program: str, window: bool = False) -> Job:
         task = items[n][0]
         made = canonical_job(program, task.tests, limits_for(task, limits))
+        if window:
+            made = dataclasses.replace(made, limits=window_limits[n], retry_timeout=False)
         jobs_of[n].add(made)
         return made
 
@@ -412,22 +445,32 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
                    epsilon if items[n][0].epsilon is None else items[n][0].epsilon)
         for n in valid}
 
-    units = dict(zip(valid, run([job(n, programs[n]) for n in valid])))
+    unit_results = dict(zip(valid, run.results([job(n, programs[n]) for n in valid])))
+    units = {n: result.passed for n, result in unit_results.items()}
+    window_limits = {n: dataclasses.replace(
+        limits_for(items[n][0], limits),
+        timeout_s=window_timeout_s(limits_for(items[n][0], limits).timeout_s, unit_results[n].duration_s))
+        for n in valid}
 
     keys = [(n, k) for n in valid for k in range(len(analyses[n].components))]
     comps = {(n, k): analyses[n].components[k] for n, k in keys}
     verified = dict(zip(keys, run([job(n, comps[n, k].program(items[n][0].buggy_code)) for n, k in keys])))
 
     searches = {n: WindowSearch([(k, analyses[n].components[k]) for k in range(len(analyses[n].components))
-                                 if verified[n, k]], max_window_runs) for n in valid}
+                                 if verified[n, k]], max_window_runs,
+                                window_budget_s(window_limits[n].timeout_s, unit_results[n].duration_s,
+                                                max_window_runs),
+                                window_limits[n].timeout_s) for n in valid}
     active = [n for n in valid if not searches[n].done]
     while active:
         batches = {n: searches[n].take(batch) for n in active}
         code = {n: items[n][0].buggy_code for n in active}
-        passed = run([job(n, comps[n, k].program(code[n], edits)) for n in active for k, _, edits in batches[n]])
+        results = run.results([job(n, comps[n, k].program(code[n], edits), window=True)
+                               for n in active for k, _, edits in batches[n]])
         start = 0
         for n in active:
-            searches[n].record(passed[start:start + len(batches[n])])
+            done = results[start:start + len(batches[n])]
+            searches[n].record([r.passed for r in done], [r.duration_s for r in done])
             start += len(batches[n])
         active = [n for n in active if not searches[n].done]
     scores = []

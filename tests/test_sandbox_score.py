@@ -43,3 +43,33 @@ def test_attacks_score_zero_and_right_answers_score_one(tmp_path, capsys):
     assert [(s["task_id"], s["unit"], s["reward"]) for s in attack_scores] == \
         [(p.task_id, 0, 0.0) for p in attacks]
     assert all(s["unit"] == 1 and s["reward"] == 1.0 for s in right_scores), right_scores
+
+
+def test_windows_that_hang_alone_cannot_buy_worker_time():
+    """A passing prediction whose module-level lines hang alone but not together (issue #24): each window run
+    gets a timeout from the unit run's duration, is not retried, and all of them share a wall-time budget."""
+    from reward.fleet import Fleet
+    from reward.score import score_predictions, window_budget_s, window_timeout_s
+
+    lines = []
+    for i in range(12):
+        lines += [f"B{i} = 1", f"while 'B{i}' not in globals(): pass"]
+    prediction = "\n".join(lines + ["f = lambda x: x + 2"]) + "\n"
+    task = Task("hang", "hang", "fix", "f = lambda x: x + 1\n", "f = lambda x: x + 2\n",
+                AssertTests("assert f(1) == 3\n"), timeout_s=5.0)
+    log = []
+    with Fleet(workers=2, cache=False, timeout_retries=1) as fleet:
+        def run_batch(jobs):
+            results = fleet.run(jobs)
+            log.extend(zip(jobs, results))
+            return results
+
+        score, = score_predictions([(task, Prediction("hang", code=prediction))], run_batch, max_window_runs=16)
+        assert fleet.stats.retries == 0
+    unit_s = log[0][1].duration_s
+    windows = [(job, result) for job, result in log if not job.retry_timeout]
+    timeout = window_timeout_s(5.0, unit_s)
+    assert score.unit == 1 and score.window_search_capped and timeout < 5.0
+    assert {job.limits.timeout_s for job, _ in windows} == {timeout}
+    assert any(result.status == "timeout" for _, result in windows)
+    assert sum(result.duration_s for _, result in windows) <= window_budget_s(timeout, unit_s, 16) + 2 * timeout
