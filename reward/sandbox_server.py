@@ -103,19 +103,28 @@ def new_session_keyring():
             raise OSError(err, f"keyctl(join session keyring): {os.strerror(err)}")
 
 
-def install_seccomp():
-    """Confine the run's syscalls with the filter of `reward/sandbox_seccomp.py` (needs no_new_privs)."""
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def seccomp_program():
+    """The filter of `reward/sandbox_seccomp.py` as a `struct sock_fprog` (and the array it points to), or None."""
     code = seccomp_filter(os.uname().machine)
     if code is None:
-        return
+        return None
     insns = (ctypes.c_uint64 * len(code))(*[op | jt << 16 | jf << 24 | k << 32 for op, jt, jf, k in code])
+    return _SockFprog(len(code), ctypes.addressof(insns)), insns
 
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    prog = Prog(len(code), ctypes.addressof(insns))
+SECCOMP_PROGRAM = seccomp_program()  # built once in the zygote, shared by every run
+
+
+def install_seccomp():
+    """Confine the run's syscalls with the seccomp filter (no_new_privs first, as the kernel requires)."""
+    if SECCOMP_PROGRAM is None:
+        return
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
-    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "prctl(seccomp filter)")
+    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(SECCOMP_PROGRAM[0]), 0, 0), "prctl(seccomp filter)")
 
 
 def set_limits(limits, processes_in_use):

