@@ -80,7 +80,12 @@ MAX_MEMORY_MB = 1 << 20
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Resource limits of one test run (defaults: 5 s wall clock, 1 GiB for the whole run; docs/sandbox.md)."""
+    """Resource limits of one test run (defaults: 5 s wall clock, 1 GiB for the whole run; docs/sandbox.md).
+
+    `loopback=True` brings up the loopback device of the run's own network
+    namespace, for tests that talk to a server the program starts; it is still
+    the run's alone.
+    """
 
     timeout_s: float = 5.0
     memory_mb: int = 1024
@@ -88,6 +93,7 @@ class Limits:
     max_file_mb: int = 16
     max_open_files: int = 256
     tmp_mb: int = 64
+    loopback: bool = False
 
     def __post_init__(self):
         t = self.timeout_s
@@ -97,6 +103,8 @@ class Limits:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_MEMORY_MB:
                 raise ValueError(f"{name} must be an integer in [1, {MAX_MEMORY_MB}], got {v!r}")
+        if not isinstance(self.loopback, bool):
+            raise ValueError(f"loopback must be a bool, got {self.loopback!r}")
 
 
 def job_deadline_s(job: Job) -> float:
@@ -126,8 +134,10 @@ class Job:
 
     def key(self) -> str:
         """Content address of the run: identical keys give identical verdicts."""
-        blob = json.dumps([self.program, tests_to_json(self.tests), dataclasses.asdict(self.limits)],
-                          sort_keys=True, ensure_ascii=True)
+        limits = dataclasses.asdict(self.limits)
+        if not limits["loopback"]:
+            del limits["loopback"]  # the addresses of jobs from before the field stay the same
+        blob = json.dumps([self.program, tests_to_json(self.tests), limits], sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @property

@@ -28,6 +28,7 @@ descriptor the host reads and compares.
 import atexit
 import builtins
 import ctypes
+import fcntl
 import json
 import os
 import random
@@ -46,6 +47,7 @@ for _name in PRELOAD:
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x10000000, 0x08000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV = 2, 4
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PR_SET_SECCOMP = 38, 36, 1, 22
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
@@ -92,6 +94,12 @@ def drop_capabilities():
 def mount_tmpfs(target, size_mb):
     opts = f"size={size_mb}m,nr_inodes=4096,mode=1777".encode()
     _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {target}")
+
+
+def loopback_up():
+    """Bring up the loopback device of the run's own network namespace (`Limits.loopback`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING, b""))
 
 
 def new_session_keyring():
@@ -326,6 +334,8 @@ def child_main(host, isolated, processes_in_use):
             # A fresh procfs cannot be mounted under bubblewrap's locked /proc; an empty
             # tmpfs hides the zygote's processes (and its memory) from the run instead.
             mount_tmpfs("/proc", 1)
+            if limits.get("loopback"):
+                loopback_up()
             drop_capabilities()
         os.setsid()  # kill(0, ...) from the run reaches only the run
         os.chdir("/tmp")

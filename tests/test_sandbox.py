@@ -359,6 +359,7 @@ def test_shutdown_runs_like_a_real_interpreter(fleet):
 
 TIME_WAIT_WRITER = """
     import socket
+    made = 0
     for port in (47011, 47013):  # the bits of a message: ports left in TIME_WAIT
         try:
             server = socket.socket()
@@ -369,6 +370,7 @@ TIME_WAIT_WRITER = """
             conn.close()  # the side that closes first keeps the port in TIME_WAIT
             client.close()
             server.close()
+            made += 1
         except OSError:
             pass
 """
@@ -389,16 +391,20 @@ TIME_WAIT_READER = """
 """
 
 
-def test_no_channel_between_consecutive_runs_of_one_worker():
-    """TIME_WAIT sockets on chosen loopback ports do not outlive a run: each run has its own network."""
+@pytest.mark.parametrize("loopback", [False, True])
+def test_no_channel_between_consecutive_runs_of_one_worker(loopback):
+    """TIME_WAIT sockets on chosen loopback ports do not outlive a run: each run has its own network
+    (with its loopback up too, when its limits ask for it)."""
+    limits = Limits(timeout_s=30.0, memory_mb=256, loopback=loopback)
     with Fleet(workers=1, cache=False, isolation="bwrap") as one:
-        written = run(one, TIME_WAIT_WRITER)
-        read = run(one, TIME_WAIT_READER, "assert busy_ports() == [], busy_ports()\n")
+        written = run(one, TIME_WAIT_WRITER, "assert made == 2, made\n" if loopback else "", limits)
+        read = run(one, TIME_WAIT_READER, "assert busy_ports() == [], busy_ports()\n", limits)
     assert written.passed, written.stderr
     assert read.passed, read.stderr
 
 
-def test_loopback_is_down_in_a_run(fleet):
+@pytest.mark.parametrize("loopback", [False, True])
+def test_loopback_is_down_unless_the_limits_ask_for_it(fleet, loopback):
     program = """
         import socket
         def talk():
@@ -411,8 +417,12 @@ def test_loopback_is_down_in_a_run(fleet):
             except OSError:
                 return "unreachable"
     """
-    result = run(fleet, program, "assert talk() == 'unreachable', talk()\n")
+    expected = "connected" if loopback else "unreachable"
+    limits_on = Limits(timeout_s=30.0, memory_mb=256, loopback=loopback)
+    result = run(fleet, program, f"assert talk() == {expected!r}, talk()\n", limits_on)
     assert result.passed, result.stderr
+    if loopback:
+        assert Job("x", AssertTests(""), limits_on).key() != Job("x", AssertTests(""), Limits()).key()
 
 
 SYSCALL_PROBE = """
