@@ -208,6 +208,7 @@ class Fleet:
         No retry once the fleet is closed or the watchdog killed the worker: the job ends as `error`.
         """
         for attempt in range(2):
+            error = None
             try:
                 worker = self._start_worker(slot)
                 if worker is None:
@@ -216,36 +217,42 @@ class Fleet:
                     self._deadlines[slot] = time.monotonic() + job_deadline_s(job)
                     self._watchdog_fired.discard(slot)
                 try:
-                    return worker.run(job)
+                    result = worker.run(job)
                 finally:
                     with self._lock:
                         self._deadlines.pop(slot, None)
             except (WorkerDied, RuntimeError, OSError) as e:
                 error = e
-                if self._workers[slot] is not None:
-                    self._workers[slot].close()
-                    self._workers[slot] = None
-                    self._count("worker_restarts")
-                with self._lock:
-                    if slot in self._watchdog_fired:
-                        self._watchdog_fired.discard(slot)
-                        return _error(f"sandbox watchdog: the job ran past its limits plus "
-                                      f"{WATCHDOG_MARGIN_S:g} s; its worker was killed")
-                    if self._closed:
-                        return _error("sandbox fleet closed during the job")
-                if attempt == 0:
-                    self._count("retries")
+            with self._lock:
+                fired, closed = slot in self._watchdog_fired, self._closed
+                self._watchdog_fired.discard(slot)
+            if error is not None or fired or closed:  # close() and the watchdog only kill a busy worker
+                self._drop(slot)
+            if fired:
+                return _error(f"sandbox watchdog: the job ran past its limits plus {WATCHDOG_MARGIN_S:g} s; "
+                              "its worker was killed")
+            if closed:
+                return _error("sandbox fleet closed during the job")
+            if error is None:
+                return result
+            if attempt == 0:
+                self._count("retries")
         return _error(f"sandbox worker failed twice: {error}")
+
+    def _drop(self, slot: int) -> None:
+        """Close worker `slot` (dead or killed) so that the next job starts a new one."""
+        worker = self._workers[slot]
+        if worker is not None:
+            worker.close()
+            self._workers[slot] = None
+            self._count("worker_restarts")
 
     def _start_worker(self, slot: int) -> SandboxWorker | None:
         """Worker `slot`, started if it is not running; None once the fleet is closed."""
         worker = self._workers[slot]
         if worker is not None and worker.alive():
             return worker
-        if worker is not None:
-            worker.close()
-            self._count("worker_restarts")
-        self._workers[slot] = None
+        self._drop(slot)
         if self._closed:
             return None
         worker = SandboxWorker(self.isolation)

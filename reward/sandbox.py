@@ -7,17 +7,18 @@ site-packages and dist-packages directory hidden; a scrubbed environment; as
 root, a dedicated unprivileged uid each):
 
 - the program sandbox runs a zygote (`reward/sandbox_server.py`) that never
-  reads a request: per run it forks a process in fresh user, pid, mount and IPC
-  namespaces with a new session keyring, which this host process places in the
-  worker's cgroup (memory and pids limits for the whole run) before sending it
-  the program. That process never holds the tests, the expected output or the
-  verdict;
+  reads a request: per run it forks a process in fresh user, pid, mount, IPC and
+  network namespaces with a new session keyring and a seccomp filter, which this
+  host process places in the worker's cgroup (memory, pids and CPU limits for the
+  whole run, the judge's test process included) before sending it the program.
+  That process never holds the tests, the expected output or the verdict;
 - the judge sandbox (`reward/sandbox_judge.py`) runs `assert` tests in a fresh
   process whose view of the program is proxies: calls cross as plain data
   (`reward/sandbox_codec.py`) over a socket between the two sandboxes.
 
-`io` runs are scripts whose stdout lands in a memfd that this process reads and
-compares. Tasks whose tests need more than plain data (`AssertTests.mode ==
+`io` runs are scripts whose stdout lands in a memfd that this process compares
+as a bounded stream. This process never blocks on a socket a program holds: it
+waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more than plain data (`AssertTests.mode ==
 "inprocess"`) run program and tests in one process, as before this design: that
 verdict can be forged, and `data build` keeps such tasks out of training sets.
 
