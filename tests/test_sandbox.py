@@ -619,3 +619,27 @@ def test_cleanup_kills_the_processes_of_orphaned_groups():
     finally:
         sleeper.kill()
         orphan.remove()
+
+
+def test_a_run_that_cannot_join_a_session_keyring_does_not_start():
+    """The zygote's keyring call is checked: a failing keyctl (here a libc whose syscall fails with EPERM,
+    a stand-in that cannot show which kernels refuse it) raises instead of sharing the zygote's keyring."""
+    import ctypes
+    import errno
+
+    from reward.sandbox import ZYGOTE_SOURCE
+
+    namespace = {"__name__": "zygote_source"}
+    exec(compile(ZYGOTE_SOURCE, "zygote", "exec"), namespace)
+
+    class RefusingLibc:
+        @staticmethod
+        def syscall(*args):
+            ctypes.set_errno(errno.EPERM)
+            return -1
+
+    if namespace["SYS_KEYCTL"] is None:
+        pytest.skip("no keyctl number for this architecture")
+    namespace["libc"] = RefusingLibc()
+    with pytest.raises(OSError, match="session keyring"):
+        namespace["new_session_keyring"]()
