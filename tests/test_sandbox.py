@@ -605,13 +605,14 @@ def test_cleanup_kills_the_processes_of_orphaned_groups():
 
     from reward.cgroups import RunCgroup
 
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    orphan = RunCgroup.create(f"precisecoder-{gone.pid}-test-orphan")
+    owner = subprocess.Popen(["sleep", "600"])  # alive until the group is set up: no cleanup takes it early
+    orphan = RunCgroup.create(f"precisecoder-{owner.pid}-test-orphan")
     assert orphan is not None
     sleeper = subprocess.Popen(["sleep", "600"])
     try:
         orphan.add(sleeper.pid)
+        owner.kill()
+        owner.wait()
         fresh = RunCgroup.create(f"precisecoder-{os.getpid()}-test-fresh")  # cleans up beside itself first
         assert sleeper.wait(30) == -9
         assert not any(d.exists() for d in orphan.dirs)
