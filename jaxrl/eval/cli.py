@@ -8,7 +8,8 @@
 extracts the program, scores it with the PreciseCoder scorer and writes
 DIR/predictions.jsonl (full response and thinking; `precisecoder score` reads it
 as is), DIR/scores.jsonl, DIR/summary.json and DIR/report.md. Rerunning the same
-command after an interruption continues from DIR/predictions.jsonl.
+command after an interruption continues from DIR/predictions.jsonl. With `--agent`
+each task is the five-turn tool loop of docs/agent.md and DIR/episodes.jsonl holds its turns.
 
 `eval compare` reads the summary.json of each run directory and writes
 compare.md (a row per run: buggy and clean columns with 95% intervals, then
@@ -253,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"interrupted: the samples done are kept in {args.out}/predictions.jsonl; "
+        kept = "episodes.jsonl" if args.agent else "predictions.jsonl"
+        print(f"interrupted: the samples done are kept in {args.out}/{kept}; "
               "rerun the same command to continue", file=sys.stderr)
         return 130
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
