@@ -165,3 +165,49 @@ def test_turn_budget_and_usage_errors(tasks_file, tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert cli.main([*agent_args(server, tasks_file, tmp_path / "x"), "--prompt", "abstain"]) == 2
     assert "--agent has its own prompt" in capsys.readouterr().err
+
+
+def test_run_tests_through_the_cli_gives_counts_only(tasks_file, tmp_path):
+    script = {ADD.prompt: [think("Check.", call("run_tests")),
+                           think("Fix.", call("str_replace_editor", old_str="a - b", new_str="a + b")),
+                           think("Again.", call("run_tests")), think("Done.", call("submit"))]}
+    out = tmp_path / "run"
+    with FakeOpenAI(script) as server:
+        tasks = tmp_path / "add.jsonl"
+        write_tasks(tasks, [ADD])
+        assert cli.main(agent_args(server, tasks, out, "--agent-tests")) == 0
+        system = server.requests[0][1]["messages"][0]["content"]
+    assert "run_tests — run the task's hidden unit tests" in system
+    (episode,) = lines(out / "episodes.jsonl")
+    assert [t["observation"] for t in episode["turns"]][::2] == ["Tests: 0 passed, 1 failed.",
+                                                                 "Tests: 1 passed, 0 failed."]
+    assert episode["ended_by"] == "submit"
+    assert json.loads((out / "summary.json").read_text())["agent"]["run_tests"] is True
+
+
+def test_sglang_engine_gets_the_episode_so_far_as_token_ids(tasks_file, tmp_path):
+    from fake_servers import FakeSGLang
+
+    from models.tokenizer import load_tokenizer
+
+    server = FakeSGLang(p_eos=0.0)
+    try:
+        out = tmp_path / "run"
+        assert cli.main(["eval", "--agent", "--turns", "3", "--tasks", str(tasks_file), "--engine", "sglang",
+                         "--url", server.url, "--max-tokens", "6", "--thinking-budget", "none",
+                         "--out", str(out), "--workers", "2", "--no-progress"]) == 0
+        sent = [ids for _, path, body in server.requests if path == "/generate" for ids in body["input_ids"]]
+    finally:
+        server.close()
+    tok = load_tokenizer("qwen3")  # the fake reports model_type qwen3
+    retry = tok.encode(f"<|im_end|>\n<|im_start|>user\n{prompts.agent_retry()}<|im_end|>\n<|im_start|>assistant\n")
+    first = {tok.render_chat(prompts.agent_messages(t.prompt, t.buggy_code)): t for t in TASKS}
+    openings = [ids for ids in sent if tok.decode(ids) in first]
+    assert len(sent) == 3 * len(TASKS) and {tok.decode(ids) for ids in openings} == set(first)
+    for ids in sent:  # a later turn's prompt: an earlier one + its reply (<= 6 sampled ids) + the retry message
+        if ids not in openings:
+            earlier = [p for p in sent if len(p) < len(ids) and ids[:len(p)] == p]
+            assert earlier and ids[-len(retry):] == retry
+            assert 0 < len(ids) - len(max(earlier, key=len)) - len(retry) <= 6
+    episodes = lines(out / "episodes.jsonl")
+    assert [e["turns_used"] for e in episodes] == [3] * 5 and all(e["no_valid_call"] for e in episodes)
