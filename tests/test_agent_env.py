@@ -82,8 +82,9 @@ def test_unique_non_unique_and_non_matching_replacements():
 def test_insertion_by_repeated_anchor():
     env = AgentEnv(CODE)
     out = env.step(call("str_replace_editor", old_str="    s = 0", new_str="    s = 0\n    n = abs(n)"))
-    assert env.file == "def total(n):\n    s = 0\n    n = abs(n)\n    for i in range(n):\n        s += i\n    return s\n"
-    assert out.observation.startswith("Edit applied. Lines 1-6 now read:\n1 def total(n):\n2     s = 0\n3     n = abs(n)")
+    assert env.file == CODE.replace("    s = 0\n", "    s = 0\n    n = abs(n)\n")
+    assert out.observation.startswith("Edit applied. Lines 1-6 now read:\n"
+                                      "1 def total(n):\n2     s = 0\n3     n = abs(n)\n4     for i in range(n):")
 
 
 def test_two_calls_apply_only_the_first_and_no_call_is_a_retry():

@@ -167,7 +167,7 @@ def test_turn_budget_and_usage_errors(tasks_file, tmp_path, capsys):
     assert "--agent has its own prompt" in capsys.readouterr().err
 
 
-def test_run_tests_through_the_cli_gives_counts_only(tasks_file, tmp_path):
+def test_run_tests_through_the_cli_gives_counts_only(tmp_path):
     script = {ADD.prompt: [think("Check.", call("run_tests")),
                            think("Fix.", call("str_replace_editor", old_str="a - b", new_str="a + b")),
                            think("Again.", call("run_tests")), think("Done.", call("submit"))]}

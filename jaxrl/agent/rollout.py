@@ -107,7 +107,8 @@ def run_episodes(sampler: Sampler, tokenizer, starts: Sequence[tuple[Task, int]]
         seed = batch_seed(params.seed, f"{active[0].task.task_id}#{active[0].sample}#turn{t}")
         out = sampler([r.request() for r in active], dataclasses.replace(params, n=1, seed=seed))
         if len(out) != len(active) or any(len(group) != 1 for group in out):
-            raise RuntimeError(f"the engine returned {[len(g) for g in out]} completions for {len(active)} prompts × 1")
+            raise RuntimeError(f"the engine returned {[len(g) for g in out]} completions "
+                               f"for {len(active)} prompts × 1")
         for r, (c,) in zip(active, out):
             r.take(c)
     return [r.result() for r in running]
