@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from eval_fakes import TASKS
 from hf_qwen3 import make_hf
 
 import models
 from jaxrl import losses, prompts
+from jaxrl import train_step as ts
 from jaxrl.agent.rollout import engine_sampler, run_episodes
 from jaxrl.agent.tokens import Segment, episode_row, episode_rows
+from jaxrl.batching import make_batch
 from jaxrl.rollout import Completion, Engine, SamplingParams, make_engine
 from models.tokenizer import load_tokenizer
 
@@ -82,8 +86,8 @@ def test_each_turns_prompt_is_the_row_so_far():
 
 
 def test_sampler_and_trainer_log_probs_agree_over_a_three_turn_episode(tmp_path):
-    """The jax engine's log-probs of every policy token of a 3-turn episode equal the model's
-    forward over the concatenated row (<= 1e-4): the row is the context the sampler had."""
+    """The jax engine's log-probs of every policy token of a 3-turn episode equal those the train
+    step's `policy_loss` recomputes over the concatenated rows (<= 1e-4): the row is the sampler's context."""
     tok = load_tokenizer("qwen3")
     make_hf(tmp_path, vocab_size=151936, hidden_size=32, intermediate_size=48, head_dim=16)
     model = models.from_pretrained(tmp_path)
@@ -95,7 +99,9 @@ def test_sampler_and_trainer_log_probs_agree_over_a_three_turn_episode(tmp_path)
     rows = episode_rows([r.segments for r in rollouts], pad_id=tok.pad_id)
     policy = sum(len(s.token_ids) for r in rollouts for s in r.segments if s.policy)
     assert rows["loss_mask"].sum() == policy == 2 * 3 * 6
-    hidden = model(jnp.asarray(rows["tokens"]), segment_ids=jnp.asarray(rows["segment_ids"]), return_hidden=True)
-    logp, _ = losses.chunked_logprobs(hidden, model.lm_head_weight(), jnp.asarray(rows["tokens"]), 64, t)
-    gap = np.abs(np.asarray(logp) - rows["old_logp"]) * rows["loss_mask"]
-    assert gap.max() <= 1e-4
+    batch = jax.tree.map(jnp.asarray, make_batch(rows, np.ones(2, np.float32)))
+    weights = losses.loss_weights(batch.loss_mask_BxT)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    _, metrics = ts.policy_loss(params, graphdef, rest, batch, weights, weights,
+                                ts.LossConfig(temperature=t, logp_chunk=64))
+    assert float(metrics["logp_gap_max"]) <= 1e-4
