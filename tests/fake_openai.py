@@ -4,7 +4,10 @@
 with the table entry whose key the prompt contains (the text continues the
 opened think block, as a Qwen3.5 server would); `/v1/chat/completions` looks the key up in the messages and returns the
 thinking apart as `reasoning_content` (as SGLang and vLLM reasoning parsers do)
-and the answer as `content`. The first `fail_first` requests get a 429.
+and the answer as `content`. A table entry that is a list is a script of replies:
+entry i answers a conversation with i assistant turns so far (chat messages, or
+`<|im_start|>assistant` turns of a token prompt), so multi-turn agents can be replayed.
+The first `fail_first` requests get a 429.
 """
 
 from __future__ import annotations
@@ -64,14 +67,17 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def lookup(self, text: str) -> str | None:
-        return next((v for k, v in self.answers.items() if k in text), None)
+    def lookup(self, text: str, turn: int = 0) -> str | None:
+        value = next((v for k, v in self.answers.items() if k in text), None)
+        return value[turn] if isinstance(value, list) else value
 
     def answer(self, path: str, body: dict) -> tuple[int, dict]:
         n = int(body.get("n", 1))
         usage = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
         if path.endswith("/chat/completions"):
-            text = self.lookup(json.dumps(body.get("messages", []), ensure_ascii=False).replace("\\n", "\n"))
+            messages = body.get("messages", [])
+            text = self.lookup(json.dumps(messages, ensure_ascii=False).replace("\\n", "\n"),
+                               sum(m.get("role") == "assistant" for m in messages))
             if text is None:
                 return 400, {"error": {"message": "no table entry for these messages"}}
             reasoning, content = text.split("</think>", 1) if "</think>" in text else (text, "")
@@ -82,7 +88,8 @@ class FakeOpenAI:
                          "choices": choices, "usage": usage}
         if path.endswith("/completions"):
             prompt = body.get("prompt")
-            text = self.lookup(prompt if isinstance(prompt, str) else self.decode(prompt) if self.decode else "")
+            prompt = prompt if isinstance(prompt, str) else self.decode(prompt) if self.decode else ""
+            text = self.lookup(prompt, prompt.count("<|im_start|>assistant") - 1)
             if text is None:
                 return 400, {"error": {"message": "no table entry for this prompt"}}
             finish = "stop" if "</think>" in text else "length"

@@ -8,7 +8,8 @@
 extracts the program, scores it with the PreciseCoder scorer and writes
 DIR/predictions.jsonl (full response and thinking; `precisecoder score` reads it
 as is), DIR/scores.jsonl, DIR/summary.json and DIR/report.md. Rerunning the same
-command after an interruption continues from DIR/predictions.jsonl.
+command after an interruption continues from DIR/predictions.jsonl. With `--agent`
+each task is the five-turn tool loop of docs/agent.md and DIR/episodes.jsonl holds its turns.
 
 `eval compare` reads the summary.json of each run directory and writes
 compare.md (a row per run: buggy and clean columns with 95% intervals, then
@@ -99,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     protocol.add_argument("--epsilon", type=int, default=defaults.epsilon, help="ε of the credit cap (default 1)")
     protocol.add_argument("--timeout", type=float, default=defaults.timeout_s,
                           help="seconds per test run for tasks without timeout_s (default 5)")
+    agent = parser.add_argument_group("five-turn agent (docs/agent.md)")
+    agent.add_argument("--agent", action="store_true",
+                       help="run each task as a tool loop (view / str_replace_editor / submit) and score the final "
+                            "file; the thinking and token budgets apply per turn; writes DIR/episodes.jsonl too")
+    agent.add_argument("--turns", type=_positive_int, default=None, help="the agent's turn budget (default 5)")
+    agent.add_argument("--agent-tests", action="store_true",
+                       help="offer the agent a run_tests tool (pass/fail counts of the task's tests; off in the paper)")
 
     run = parser.add_argument_group("execution")
     run.add_argument("--batch-size", type=_positive_int, default=None,
@@ -197,6 +205,10 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("--prompt refine needs --candidates, and only it takes them")
         if args.retries < 0:
             raise UsageError(f"--retries must be >= 0, got {args.retries}")
+        if not args.agent and (args.turns is not None or args.agent_tests):
+            raise UsageError("--turns and --agent-tests are for --agent")
+        if args.agent and (args.prompt != "minimal" or args.candidates):
+            raise UsageError("--agent has its own prompt; drop --prompt and --candidates")
         settings = settings_of(args)
         kind = engine_kind(args)
         tasks = load_tasks(args.tasks)
@@ -225,19 +237,30 @@ def main(args: argparse.Namespace) -> int:
     try:
         with engine, Fleet(workers=args.workers, isolation=args.isolation,
                            cache_path=_cache_path(args.out)) as fleet:
-            result = evaluate(engine, tokenizer, tasks, settings, fleet, model=model, task_set=args.tasks,
-                              candidates=candidates, out_dir=args.out, batch_size=args.batch_size,
-                              concurrency=args.concurrency, retries=0, progress=not args.no_progress,
-                              chat=kind == "openai" and args.api == "chat")
+            chat = kind == "openai" and args.api == "chat"
+            if args.agent:
+                from jaxrl.agent.evaluate import AgentSettings, evaluate_agent  # noqa: PLC0415
+
+                result = evaluate_agent(engine, tokenizer, tasks, settings, fleet,
+                                        AgentSettings(args.turns or AgentSettings.turns, args.agent_tests),
+                                        model=model, task_set=args.tasks, out_dir=args.out,
+                                        batch_size=args.batch_size * args.concurrency, retries=0,
+                                        progress=not args.no_progress, chat=chat)
+            else:
+                result = evaluate(engine, tokenizer, tasks, settings, fleet, model=model, task_set=args.tasks,
+                                  candidates=candidates, out_dir=args.out, batch_size=args.batch_size,
+                                  concurrency=args.concurrency, retries=0, progress=not args.no_progress, chat=chat)
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"interrupted: the samples done are kept in {args.out}/predictions.jsonl; "
+        kept = "episodes.jsonl" if args.agent else "predictions.jsonl"
+        print(f"interrupted: the samples done are kept in {args.out}/{kept}; "
               "rerun the same command to continue", file=sys.stderr)
         return 130
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
-    print(f"wrote {args.out}/predictions.jsonl, scores.jsonl, summary.json, report.md "
+    print(f"wrote {args.out}/predictions.jsonl, {'episodes.jsonl, ' if args.agent else ''}scores.jsonl, "
+          "summary.json, report.md "
           f"({len(result.samples)} samples)")
     return 0
 

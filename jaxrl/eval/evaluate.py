@@ -160,19 +160,7 @@ class PredictionLog:
 
     def __init__(self, out_dir: str | os.PathLike, run: dict[str, Any], samples: int):
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        run_path = self.dir / RUN
-        if run_path.exists():
-            try:
-                previous = json.loads(run_path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                raise EvalError(f"{run_path} is unreadable ({e}); use another --out directory") from None
-            changed = sorted(k for k in set(previous) | set(run) if previous.get(k) != run.get(k))
-            if changed:
-                raise EvalError(f"{self.dir} holds a run with other {', '.join(changed)}; "
-                                "use another --out directory or delete it")
-        else:
-            _write_json(run_path, run)
+        claim_run_dir(self.dir, run)
         self.done: dict[str, list[Sample]] = {}
         path = self.dir / PREDICTIONS
         if path.exists():
@@ -211,6 +199,23 @@ class PredictionLog:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+def claim_run_dir(out_dir: Path, run: dict[str, Any]) -> None:
+    """Create the run directory and its run.json, or check that the run.json there has the same settings."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_path = out_dir / RUN
+    if run_path.exists():
+        try:
+            previous = json.loads(run_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise EvalError(f"{run_path} is unreadable ({e}); use another --out directory") from None
+        changed = sorted(k for k in set(previous) | set(run) if previous.get(k) != run.get(k))
+        if changed:
+            raise EvalError(f"{out_dir} holds a run with other {', '.join(changed)}; "
+                            "use another --out directory or delete it")
+    else:
+        _write_json(run_path, run)
 
 
 def _write_json(path: Path, obj: Any) -> None:

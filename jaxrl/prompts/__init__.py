@@ -36,3 +36,32 @@ def messages(name: str, task_prompt: str, code: str, candidate_solution: str | N
     system = _template(name, "system")
     # A prompt without instructions (`demo`) has no system turn at all, not an empty one.
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def numbered(lines: list[str], first: int = 1) -> str:
+    """Lines with their line number (from `first`) and one space in front of each: the agent's view of a file."""
+    return "\n".join(f"{i} {line}" for i, line in enumerate(lines, first))
+
+
+def file_lines(code: str) -> list[str]:
+    """A file's lines, without the empty one after a final newline."""
+    return code[:-1].split("\n") if code.endswith("\n") else code.split("\n")
+
+
+def agent_messages(task_prompt: str, code: str, run_tests: bool = False) -> list[dict[str, str]]:
+    """The five-turn agent's system and first user message (the file shown with line numbers).
+
+    With `run_tests` the system message ends with `agent.run_tests.txt`, our description of the
+    test tool (the paper's runs had it off, so its wording is not the paper's).
+    """
+    system = _template("agent", "system")
+    if run_tests:
+        system += "\n\n" + _template("agent", "run_tests")
+    fields = {"task_prompt": task_prompt, "numbered_code": numbered(file_lines(code))}
+    user = re.sub(r"\{(task_prompt|numbered_code)\}", lambda m: fields[m.group(1)], _template("agent", "user"))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def agent_retry() -> str:
+    """The user message that answers an agent reply without a tool call."""
+    return _template("agent", "retry")
