@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 
+OLS_DEFAULT = ("words", "mattr", "repetition", "quotes_bug", "hedging", "certainty", "bug_assertion",
+               "self_correction", "hypothesis", "verification", "minimality")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="thinking|rewards")
     thinking = actions.add_parser("thinking", help="lexical analysis of the think blocks of eval runs",
@@ -32,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     thinking.add_argument("--tokenizer", choices=("qwen3", "qwen3_5", "none"), default="qwen3_5",
                           help="count thinking tokens with this vocabulary ('none': leave the column empty)")
     thinking.add_argument("--top", type=int, default=15, help="bigrams listed each way per contrast (default 15)")
+    thinking.add_argument("--ols", default=",".join(OLS_DEFAULT), metavar="MEASURE,...",
+                          help=f"the measures F1 is regressed on (default: {','.join(OLS_DEFAULT)})")
     rewards = actions.add_parser("rewards", help="Fig 2, A.2 and Fig 3 over a score table",
                                  description="Reward analyses of a score table with several samples per task.")
     rewards.add_argument("--scores", required=True, help="scores.jsonl (`precisecoder score` or `eval`)")
@@ -79,12 +85,17 @@ def run_thinking(args: argparse.Namespace) -> int:
     if not rows:
         return _error("no run has a sample with a think block")
     measures = [*thinking.SHAPE, *lexicons]
+    regressors = [m for m in args.ols.split(",") if m]
+    unknown = sorted(set(regressors) - set(measures))
+    if unknown or not regressors:
+        return _error(f"--ols: unknown measures {', '.join(unknown)}; choose from {', '.join(measures)}"
+                      if unknown else "--ols names no measure")
     means = thinking.run_means(rows, [*measures, "budget_hit", *thinking.OUTCOMES])
     buggy = [r for r in rows if not r["clean"]]
     correlations = thinking.correlations(buggy, measures, ("unit", "precision", "f1", "edited_lines"))
     fit, dropped, fit_error = None, [], None
     try:
-        fit, dropped = thinking.regression(buggy, [m for m in measures if m != "tokens" or args.tokenizer != "none"])
+        fit, dropped = thinking.regression(buggy, regressors)
     except (ValueError, thinking.AnalysisError) as e:
         fit_error = str(e)
     contrasts = [thinking.contrast(runs[0], other, args.top) for other in runs[1:]]
