@@ -78,7 +78,7 @@ def test_contrast_between_two_runs(tmp_path):
     base, tuned = thinking.load_run(make_run(tmp_path, "base")), thinking.load_run(make_run(tmp_path, "tuned"))
     c = thinking.contrast(base, tuned, top=6)
     assert c.paired_tasks == 3 and 0 < c.js_bits < 1 and 0 < c.tfidf_cosine < 1
-    assert c.top_a[0][1] > 0 and c.top_b[0][1] > 0
+    assert all(z > 0 for _, z in c.top_a + c.top_b)
     assert c.top_b[0][0] == "the line"  # twice in tuned, never in base: the largest z
     assert "i think" in [bigram for bigram, _ in c.top_a] and "the line" not in [b for b, _ in c.top_a]
 
@@ -107,3 +107,9 @@ def test_regression_standardizes_adds_run_effects_and_clusters_by_task():
     ref = sm.OLS([r["f1"] for r in rows], x.astype(float)).fit(cov_type="cluster", cov_kwds={"groups": groups})
     np.testing.assert_allclose(fit.coef, ref.params, atol=1e-6)
     np.testing.assert_allclose(fit.se, ref.bse, atol=1e-6)
+
+
+def test_regression_refuses_a_constant_outcome():
+    rows = [{"run": "r", "task_id": f"t{i}", "words": float(i), "f1": 0.0} for i in range(5)]
+    with pytest.raises(thinking.AnalysisError, match="f1 is 0 on every trace"):
+        thinking.regression(rows, ["words"])

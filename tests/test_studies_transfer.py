@@ -153,3 +153,32 @@ def test_compare_prints_the_deltas_and_the_share_of_the_gain_recovered(tmp_path,
     assert "| trained | at-once | 50% | 50% | 50% | 40% | 50% |" in table
     assert "| base (control) | at-once | 20% | 10% | 0% | 7% | 10% |" in table
     assert (tmp_path / "t.md").read_text() + "\n" == table
+
+
+@pytest.mark.slow
+def test_transfer_with_the_jax_engine_on_a_tiny_random_model(tmp_path):
+    """The real embedded sampler (about 2 min on 2 cores): a donor eval, then each splice mode on its traces."""
+    import torch
+    from test_eval_jax import TINY
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    model = tmp_path / "tiny"
+    torch.manual_seed(0)
+    Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).save_pretrained(model)
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, TASKS[:2])
+    common = ["--model", str(model), "--dtype", "float32", "--workers", "2", "--no-progress"]
+    assert cli.main(["eval", "--tasks", str(tasks), "--out", str(tmp_path / "donor"), "--thinking-budget", "6",
+                     "--max-tokens", "12", *common]) == 0
+    for mode in ("at-once", "continue:3", "user-turn"):
+        out = tmp_path / mode.replace(":", "")
+        assert cli.main(["transfer", "--donor", str(tmp_path / "donor"), "--mode", mode, "--out", str(out),
+                         *common]) == 0
+        preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        assert [p["task_id"] for p in preds] == [t.task_id for t in TASKS[:2]]
+        if mode == "at-once":  # the think block is closed in the prompt: only answer tokens, 12 − 6 of them
+            assert all(not p["think_opened"] and p["completion_tokens"] <= 6 for p in preds)
+        elif mode == "continue:3":  # 3 more thinking tokens, then the engine closes the block
+            assert all(p["think_opened"] and p["completion_tokens"] <= 9 for p in preds)
+        else:
+            assert all(p["think_opened"] and p["completion_tokens"] <= 12 for p in preds)

@@ -139,6 +139,8 @@ def regression(rows: Sequence[Mapping[str, Any]], measures: Sequence[str], outco
     rows = [r for r in rows if not any(math.isnan(r[c]) for c in (*measures, outcome))]
     if not rows:
         raise AnalysisError(f"no trace has every measure and {outcome} (buggy tasks only)")
+    if np.ptp([r[outcome] for r in rows]) == 0:
+        raise AnalysisError(f"{outcome} is {rows[0][outcome]:g} on every trace: nothing to explain")
     kept = [m for m in measures if np.ptp([r[m] for r in rows]) > 0]
     x, names = stats.design({m: stats.standardize([r[m] for r in rows]) for m in kept},
                             [r["run"] for r in rows] if len({r["run"] for r in rows}) > 1 else None)
@@ -161,7 +163,8 @@ class Contrast:
 
 def contrast(a: Run, b: Run, top: int = 15) -> Contrast:
     """JS divergence of the word distributions, mean TF-IDF cosine of the two runs' traces of the same task
-    (first sample each; idf over all those traces), and the bigrams with the largest log-odds z each way."""
+    (first sample each; idf over all those traces), and the bigrams with the largest log-odds z each way
+    (only those with z > 0 for a and z < 0 for b, so a side may list fewer than `top`)."""
     def traces(run: Run) -> dict[str, list[str]]:
         out = {}
         for s in run.samples:
@@ -178,7 +181,7 @@ def contrast(a: Run, b: Run, top: int = 15) -> Contrast:
     bigrams_a = collections.Counter(" ".join(g) for doc in ta.values() for g in lexical.ngrams(doc, 2))
     bigrams_b = collections.Counter(" ".join(g) for doc in tb.values() for g in lexical.ngrams(doc, 2))
     z = lexical.log_odds(bigrams_a, bigrams_b) if bigrams_a and bigrams_b else {}
-    ranked = sorted(z.items(), key=lambda kv: (-kv[1], kv[0]))
+    typical_a = sorted(((w, v) for w, v in z.items() if v > 0), key=lambda kv: (-kv[1], kv[0]))
+    typical_b = sorted(((w, -v) for w, v in z.items() if v < 0), key=lambda kv: (-kv[1], kv[0]))
     return Contrast(a.name, b.name, lexical.jensen_shannon(words_a, words_b),
-                    float(np.mean(cosines)) if cosines else math.nan, len(shared),
-                    ranked[:top], [(w, -v) for w, v in sorted(z.items(), key=lambda kv: (kv[1], kv[0]))[:top]])
+                    float(np.mean(cosines)) if cosines else math.nan, len(shared), typical_a[:top], typical_b[:top])
