@@ -28,8 +28,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxrl import advantages as adv
 from jaxrl.studies import stats
 
 TERMS = ("neg_lines", "unit", "precision", "recall", "f1")
@@ -114,29 +117,22 @@ def reward_tensor(groups: Sequence[Sequence[Mapping[str, Any]]]) -> np.ndarray:
                      for g in groups], np.float32)
 
 
+@jax.jit
+def _estimates(rewards_NxGx3: jax.Array, weights_2: jax.Array) -> dict[str, jax.Array]:
+    unit_NxG, lines_NxG, scalar_NxG = rewards_NxGx3[..., 0], rewards_NxGx3[..., 2], rewards_NxGx3[..., :2] @ weights_2
+    return {"grpo_unit": adv.grpo(unit_NxG), "grpo": adv.grpo(scalar_NxG), "drgrpo": adv.drgrpo(scalar_NxG),
+            "rloo": adv.rloo(scalar_NxG), "gdpo": adv.gdpo(rewards_NxGx3[..., :2], weights_2),
+            "ea_grpo": adv.grpo(adv.ea_grpo_rewards(unit_NxG, lines_NxG))}
+
+
 def advantage_mass(rewards_NxGx3: np.ndarray, lam: float = 1 / 3) -> dict[str, float]:
     """estimator -> share of Σ|A| in collapsed groups (unit constant), with `jaxrl.advantages`' pure estimators."""
-    import jax.numpy as jnp  # noqa: PLC0415  (JAX only for this table)
-
-    from jaxrl import advantages as adv  # noqa: PLC0415
-
-    r = jnp.asarray(rewards_NxGx3)
-    unit, f1, lines = r[..., 0], r[..., 1], r[..., 2]
-    weights = jnp.array([1 - lam, lam], jnp.float32)
-    mixed = r[..., 0].min(axis=1) != r[..., 0].max(axis=1)
-    estimates = {
-        "grpo_unit": adv.grpo(unit),
-        "grpo": adv.grpo(r[..., :2] @ weights),
-        "drgrpo": adv.drgrpo(r[..., :2] @ weights),
-        "rloo": adv.rloo(r[..., :2] @ weights),
-        "gdpo": adv.gdpo(r[..., :2], weights),
-        "ea_grpo": adv.grpo(adv.ea_grpo_rewards(unit, lines)),
-    }
+    collapsed_N = rewards_NxGx3[..., 0].min(axis=1) == rewards_NxGx3[..., 0].max(axis=1)
     out = {}
-    for name, a in estimates.items():
-        mass = np.abs(np.asarray(a, np.float64))
-        total = mass.sum()
-        out[name] = float(mass[~np.asarray(mixed)].sum() / total) if total > 0 else math.nan
+    for name, a in _estimates(jnp.asarray(rewards_NxGx3), jnp.array([1 - lam, lam], jnp.float32)).items():
+        mass_NxG = np.abs(np.asarray(a, np.float64))
+        total = mass_NxG.sum()
+        out[name] = float(mass_NxG[collapsed_N].sum() / total) if total > 0 else math.nan
     return out
 
 
