@@ -144,15 +144,17 @@ def test_compare_prints_the_deltas_and_the_share_of_the_gain_recovered(tmp_path,
     with_donor = _summary(tmp_path, "with", (0.45, 0.30, 0.55, 0.36, 2.50), info)
     control = _summary(tmp_path, "ctl", (0.42, 0.22, 0.50, 0.31, 2.90),
                        {**info, "donor": str(base), "donor_name": "base", "control": True})
-    assert cli.main(["transfer", "compare", str(with_donor), str(control), "--alone", str(alone),
-                     "--base", str(base), "--out", str(tmp_path / "t.md")]) == 0
+    longer = _summary(tmp_path, "longer", (0.50, 0.35, 0.60, 0.40, 2.00), {**info, "mode": "continue:64"})
+    assert cli.main(["transfer", "compare", str(with_donor), str(control), str(longer), "--alone", str(alone),
+                     "--base", str(base), "--out", str(tmp_path / "t.md"), "--plot", str(tmp_path / "f13.png")]) == 0
     table = capsys.readouterr().out
     assert "| receiver | – | alone | 40.0 | 20.0 | 50.0 | 30.0 | 3.00 |" in table
     assert "| trained | at-once | +5.0 | +10.0 | +5.0 | +6.0 | -0.50 |" in table
     # recovered = Δ / (trained − base): precision 0.10 / 0.20, lines −0.5 / −1.0; the control against the same gap
     assert "| trained | at-once | 50% | 50% | 50% | 40% | 50% |" in table
     assert "| base (control) | at-once | 20% | 10% | 0% | 7% | 10% |" in table
-    assert (tmp_path / "t.md").read_text() + "\n" == table
+    assert "| trained | continue:64 | +10.0 | +15.0 |" in table
+    assert (tmp_path / "t.md").read_text() in table and (tmp_path / "f13.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

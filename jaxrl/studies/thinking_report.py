@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrl.studies import stats
+from jaxrl.studies import figures, stats
 from jaxrl.studies.thinking import Contrast
 
 
@@ -69,39 +69,20 @@ def tables_markdown(means: Mapping[str, Mapping[str, float]], columns: Sequence[
 
 def plot_rates(means: Mapping[str, Mapping[str, float]], lexicons: Sequence[str], path: Path) -> None:
     """Grouped bars: each lexicon's rate per 1,000 prose words, one bar per run."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     runs = list(means)
     width = 0.8 / max(len(runs), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(lexicons)), 4))
+    fig, ax = figures.new_figure(max(6, 0.7 * len(lexicons)), 4)
     for i, run in enumerate(runs):
         xs = [j + i * width for j in range(len(lexicons))]
         ax.bar(xs, [0 if math.isnan(means[run][lex]) else means[run][lex] for lex in lexicons], width, label=run)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lexicons))], lexicons, rotation=45, ha="right")
-    ax.set_ylabel("matches per 1,000 prose words")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    figures.save(fig, ax, path, None, "matches per 1,000 prose words")
 
 
 def plot_length_vs_f1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Scatter of trace length (prose words) against F1, one colour per run."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = figures.new_figure(5, 4)
     for run in dict.fromkeys(r["run"] for r in rows):
         mine = [r for r in rows if r["run"] == run and not math.isnan(r["f1"])]
         ax.scatter([r["words"] for r in mine], [r["f1"] for r in mine], s=12, alpha=0.6, label=run)
-    ax.set_xlabel("prose words in the think block")
-    ax.set_ylabel("F1")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    figures.save(fig, ax, path, "prose words in the think block", "F1")

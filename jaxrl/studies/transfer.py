@@ -31,6 +31,7 @@ from typing import Any
 from jaxrl.eval.evaluate import PredictionLog, Request, sample_all, summarize, write_outputs
 from jaxrl.eval.protocol import EvalSettings, task_messages
 from jaxrl.rollout.text import CLOSE_THINK_TEXT
+from jaxrl.studies import figures
 from reward.sandbox import Limits
 from reward.schema import Prediction, Task
 from reward.score import score_predictions
@@ -233,3 +234,29 @@ def compare_table(alone: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
                 cells.append("–" if d[c] is None or not gap else f"{100 * d[c] / gap:.0f}%")
             rows.append(f"| {donor} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def thinking_curve(alone: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], path: str | Path) -> bool:
+    """Fig 13's layout: precision and pass of each non-control donor's at-once (0 more tokens) and continue:N
+    runs against N, the receiver alone as dashed lines; False (nothing drawn) when no run prefills."""
+    curves: dict[str, list[tuple[int, float, float]]] = {}
+    for run in runs:
+        t = run["transfer"]
+        if t["control"] or t["mode"] == "user-turn":
+            continue
+        extra = 0 if t["mode"] == "at-once" else parse_mode(t["mode"]).extra
+        v = _values(run)
+        curves.setdefault(t["donor_name"], []).append((extra, v["precision"], v["pass"]))
+    if not curves:
+        return False
+    fig, ax = figures.new_figure(5, 4)
+    for donor, points in curves.items():
+        points.sort()
+        xs = [p[0] for p in points]
+        ax.plot(xs, [100 * p[1] for p in points], "o-", label=f"precision, {donor}'s trace")
+        ax.plot(xs, [100 * p[2] for p in points], "s--", label=f"pass, {donor}'s trace")
+    a = _values(alone)
+    ax.axhline(100 * a["precision"], color="gray", ls=":", label="precision, alone")
+    ax.axhline(100 * a["pass"], color="black", ls=":", label="pass, alone")
+    figures.save(fig, ax, path, "thinking tokens the receiver adds (0: answers at once)", "%")
+    return True

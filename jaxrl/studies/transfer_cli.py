@@ -3,7 +3,7 @@
   precisecoder transfer --donor EVAL_DIR (--model PATH | --checkpoint DIR
                         | --engine openai --base-url URL --model-name NAME | --engine sglang --url URL)
                         --mode at-once|continue:N|user-turn --out DIR [--control] [options]
-  precisecoder transfer compare TRANSFER_DIR... --alone EVAL_DIR [--base EVAL_DIR]
+  precisecoder transfer compare TRANSFER_DIR... --alone EVAL_DIR [--base EVAL_DIR] [--out FILE] [--plot PNG]
 
 `transfer` writes the usual eval outputs (predictions.jsonl, scores.jsonl,
 summary.json, report.md) and transfer.json (donor, mode, control). `--control`
@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--base", metavar="EVAL_DIR",
                          help="the donor's untrained base, evaluated alone (for the share of the gain recovered)")
     compare.add_argument("--out", help="also write the table to this file")
+    compare.add_argument("--plot", metavar="PNG", help="draw precision and pass against the receiver's extra "
+                                                     "thinking tokens (at-once and continue:N runs; Fig 13)")
 
     what = parser.add_argument_group("donor and receiver")
     what.add_argument("--donor", help="the donor's eval run directory (its prompts and think blocks)")
@@ -73,7 +75,7 @@ def _summary(directory: str) -> dict:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from jaxrl.studies.transfer import compare_table  # noqa: PLC0415
+    from jaxrl.studies.transfer import compare_table, thinking_curve  # noqa: PLC0415
 
     try:
         alone = _summary(args.alone)
@@ -89,6 +91,9 @@ def run_compare(args: argparse.Namespace) -> int:
     print(table)
     if args.out:
         Path(args.out).write_text(table, encoding="utf-8")
+    if args.plot:
+        print(f"wrote {args.plot}" if thinking_curve(alone, runs, args.plot)
+              else "no plot: no at-once or continue:N run of a non-control donor")
     return 0
 
 
