@@ -73,7 +73,7 @@ def test_at_once_closes_the_donor_block_and_leaves_the_answer_room(tok, donor, t
         want.append(body(tok.encode(f"{text}{trace}\n</think>\n\n"), 12, t.task_id))  # room 20 − 8
     assert sent == sorted(want, key=lambda b: tok.decode(b["prompt"]))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["transfer"] == {"donor": str(donor), "donor_name": "donor-rl", "mode": "at-once",
+    assert summary["transfer"] == {"donor": str(donor.resolve()), "donor_name": "donor-rl", "mode": "at-once",
                                    "control": False, "without_trace": 1}
     assert summary["buggy"]["pass"]["value"] == 1.0  # the fake answers every task with its solution
     preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]

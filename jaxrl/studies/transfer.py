@@ -156,7 +156,7 @@ def run_transfer(engine: Any, tokenizer: Any, tasks: Sequence[Task], donor: Dono
     if missing:
         raise TransferError(f"the donor has no sample of {len(missing)} tasks (first: {missing[0]})")
     settings = receiver_settings(donor.settings, mode, samples)
-    info = {"donor": str(donor.path), "donor_name": donor.summary.get("model", {}).get("name"), "mode": str(mode),
+    info = {"donor": str(donor.path.resolve()), "donor_name": donor.summary.get("model", {}).get("name"), "mode": str(mode),
             "control": control, "without_trace": sum(not donor.traces[t.task_id] for t in tasks)}
     requests = transfer_requests(tasks, donor, mode, tokenizer)
     run = {"settings": settings.to_json(), "model": dict(model), "chat": chat, "transfer": info,

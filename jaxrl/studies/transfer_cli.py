@@ -84,7 +84,7 @@ def run_compare(args: argparse.Namespace) -> int:
         for d, r in zip(args.runs, runs):
             if "transfer" not in r:
                 raise ValueError(f"{d} is not a transfer run (no transfer key in its summary.json)")
-        donors = {r["transfer"]["donor"]: _summary(r["transfer"]["donor"]) for r in runs}
+        donors = {r["transfer"]["donor"]: _summary(r["transfer"]["donor"]) for r in runs} if base else {}
     except (OSError, json.JSONDecodeError, ValueError) as e:
         return _error(str(e))
     table = compare_table(alone, runs, donors, base)
