@@ -114,6 +114,25 @@ def test_user_turn_appends_the_trace_to_the_user_message(tok, donor, tmp_path):
         assert any(b["messages"] == messages for b in chats)
 
 
+def test_sglang_receives_the_splice_as_token_ids_in_the_qwen3_template(donor, tmp_path):
+    from fake_servers import FakeSGLang
+
+    server = FakeSGLang(p_eos=0.2)  # reports model_type qwen3, whose template does not open the think block
+    try:
+        assert cli.main(["transfer", "--donor", str(donor), "--engine", "sglang", "--url", server.url,
+                         "--mode", "at-once", "--out", str(tmp_path / "sg"), "--workers", "2", "--no-progress"]) == 0
+        sent = [ids for method, path, body in server.requests if path == "/generate" for ids in body["input_ids"]]
+    finally:
+        server.close()
+    qwen3 = load_tokenizer("qwen3")
+    want = set()
+    for t in TASKS:
+        text = qwen3.render_chat(prompts.messages("minimal", t.prompt, t.buggy_code))
+        assert text.endswith("<|im_start|>assistant\n")
+        want.add(f"{text}<think>\n{TRACES[t.task_id] or ''}\n</think>\n\n")
+    assert {qwen3.decode(ids) for ids in sent} == want
+
+
 def test_a_chat_api_cannot_prefill_and_bad_modes_are_usage_errors(tok, donor, tmp_path, capsys):
     with FakeOpenAI(answers("")) as server:
         assert run(server, donor, tmp_path / "x", "at-once", "--api", "chat") == 2
