@@ -90,6 +90,11 @@ def test_a_run_without_scores_is_one_error_line(tmp_path, capsys):
     (d / "scores.jsonl").unlink()
     assert cli.main(["analyze", "thinking", str(d), "--tasks", str(tasks), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+    d = make_run(tmp_path, "tuned")
+    assert cli.main(["analyze", "thinking", str(d), "--tasks", str(tasks), "--out", str(tmp_path / "o"),
+                     "--tokenizer", "none", "--ols", "words,nonsense"]) == 2
+    assert capsys.readouterr().err.startswith("error: --ols: unknown measures nonsense; choose from tokens, words")
+    assert not (tmp_path / "o").exists()
 
 
 def test_regression_standardizes_adds_run_effects_and_clusters_by_task():

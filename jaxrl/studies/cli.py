@@ -84,6 +84,8 @@ def run_thinking(args: argparse.Namespace) -> int:
         return _error(str(e))
     if not rows:
         return _error("no run has a sample with a think block")
+    if args.top < 0:
+        return _error(f"--top must be >= 0, got {args.top}")
     measures = [*thinking.SHAPE, *lexicons]
     regressors = [m for m in args.ols.split(",") if m]
     unknown = sorted(set(regressors) - set(measures))
