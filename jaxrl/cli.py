@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("jaxrl.generate_cli", "sample completions for JSONL prompts with the jax, sglang or openai engine"),
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
     "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
+    "transfer": ("jaxrl.studies.transfer_cli", "chain-of-thought transfer: a receiver answers with a donor's thinking"),
+    "analyze": ("jaxrl.studies.cli", "the paper's analyses: `analyze thinking` (lexical) and `analyze rewards`"),
 }
 
 
