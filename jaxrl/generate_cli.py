@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl.rollout import Engine, SamplingParams, make_engine
+from reward.cli_args import user_path
 
 
 class GenerateError(Exception):
@@ -37,12 +38,14 @@ def _budget(text: str) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
-    source.add_argument("--checkpoint", help="trainer run directory (config.yaml + checkpoints/): its latest "
-                                             "checkpoint's policy; or its checkpoints/ or best/, or one step "
-                                             "directory in them (jax engine)")
-    parser.add_argument("--prompts", required=True, help="JSONL of {id, messages} or {id, input_ids}")
-    parser.add_argument("--out", required=True, help="write one JSON line per sample here")
+    source.add_argument("--model", type=user_path,
+                        help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
+    source.add_argument("--checkpoint", type=user_path,
+                        help="trainer run directory (config.yaml + checkpoints/): its latest "
+                             "checkpoint's policy; or its checkpoints/ or best/, or one step "
+                             "directory in them (jax engine)")
+    parser.add_argument("--prompts", type=user_path, required=True, help="JSONL of {id, messages} or {id, input_ids}")
+    parser.add_argument("--out", type=user_path, required=True, help="write one JSON line per sample here")
     parser.add_argument("--engine", choices=("jax", "sglang", "openai"), default="jax")
     defaults = SamplingParams()
     parser.add_argument("--n", type=int, default=defaults.n, help="samples per prompt (default: 1)")

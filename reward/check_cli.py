@@ -19,7 +19,7 @@ import json
 import sys
 from collections import Counter
 
-from reward.cli_args import megabytes, output_file_error, positive_int, seconds
+from reward.cli_args import megabytes, output_file_error, positive_int, seconds, user_path
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult, limits_for
@@ -28,9 +28,11 @@ from reward.score import program_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md and README.md)")
-    parser.add_argument("--predictions", help="prediction JSONL file; omit to verify the task set itself")
-    parser.add_argument("--out", help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--tasks", type=user_path, required=True,
+                        help="task JSONL file (schema in docs/reward.md and README.md)")
+    parser.add_argument("--predictions", type=user_path,
+                        help="prediction JSONL file; omit to verify the task set itself")
+    parser.add_argument("--out", type=user_path, help="write one JSON result per run here (default: stdout)")
     parser.add_argument("--think-opened", action="store_true",
                         help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
                              "response without </think> has no answer; a prediction's own think_opened wins")

@@ -48,6 +48,17 @@ def megabytes(text: str) -> int:
     return value
 
 
+def user_path(text: str) -> str:
+    """argparse type: a path as the user typed it (relative to the working directory, `~` expanded), made absolute.
+
+    Resolved once where it enters the program, so nothing downstream (Orbax, worker
+    processes, a changed directory) sees a relative path.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def output_file_error(path: str | None) -> str | None:
     """Why `path` cannot be written as an output file (checked before any run starts), or None."""
     if path is None:

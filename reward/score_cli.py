@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from reward.cli_args import megabytes, non_negative_int, output_file_error, positive_int, seconds
+from reward.cli_args import megabytes, non_negative_int, output_file_error, positive_int, seconds, user_path
 from reward.fleet import Fleet
 from reward.sandbox import Limits
 from reward.schema import Prediction, SchemaError, Task, load_tasks, prediction_from_json, read_jsonl, write_jsonl
@@ -26,9 +26,11 @@ from reward.score import (DEFAULT_EPSILON, DEFAULT_LAMBDA, DEFAULT_MAX_WINDOW_RU
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md)")
-    parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
-    parser.add_argument("--out", required=True, help="write one score object per prediction here (JSONL)")
+    parser.add_argument("--tasks", type=user_path, required=True, help="task JSONL file (schema in docs/reward.md)")
+    parser.add_argument("--predictions", type=user_path, required=True,
+                        help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
+    parser.add_argument("--out", type=user_path, required=True,
+                        help="write one score object per prediction here (JSONL)")
     parser.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=DEFAULT_LAMBDA,
                         help="weight λ of f1 in the reward (1 − λ)·unit + λ·f1 (default: 1/3)")
     parser.add_argument("--epsilon", type=non_negative_int, default=DEFAULT_EPSILON,
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
     parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
                         help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024)")
-    parser.add_argument("--summary-json", help="also write the aggregate summary here as JSON")
+    parser.add_argument("--summary-json", type=user_path, help="also write the aggregate summary here as JSON")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxrl.eval.evaluate import EvalError, evaluate
 from jaxrl.eval.protocol import EvalSettings
+from reward.cli_args import user_path
 from reward.fleet import Fleet
 from reward.schema import SchemaError, load_tasks
 from reward.score_cli import load_predictions_for
@@ -55,14 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  description="Put several eval runs side by side: compare.md (the paper's Table 2 "
                                              "layout), precision_vs_pass.png (Figure 12) and noop_vs_damage.png "
                                              "(Figure 14).")
-    compare.add_argument("runs", nargs="+", metavar="DIR", help="run directories written by `precisecoder eval`")
-    compare.add_argument("--out", default="compare", help="write compare.md and the PNGs here (default: ./compare)")
+    compare.add_argument("runs", type=user_path, nargs="+", metavar="DIR",
+                         help="run directories written by `precisecoder eval`")
+    compare.add_argument("--out", type=user_path, default="compare",
+                         help="write compare.md and the PNGs here (default: ./compare)")
 
     what = parser.add_argument_group("what to evaluate")
-    what.add_argument("--tasks", help="task JSONL file")
-    what.add_argument("--out", help="run directory for predictions, scores, summary and report")
-    what.add_argument("--model", metavar="PATH", help="HF safetensors directory, sampled with the jax engine")
-    what.add_argument("--checkpoint", metavar="DIR", help="a `precisecoder train` run or checkpoint directory")
+    what.add_argument("--tasks", type=user_path, help="task JSONL file")
+    what.add_argument("--out", type=user_path, help="run directory for predictions, scores, summary and report")
+    what.add_argument("--model", type=user_path, metavar="PATH",
+                      help="HF safetensors directory, sampled with the jax engine")
+    what.add_argument("--checkpoint", type=user_path, metavar="DIR",
+                      help="a `precisecoder train` run or checkpoint directory")
     what.add_argument("--engine", choices=ENGINES, help="jax (default with --model/--checkpoint), sglang or openai")
     what.add_argument("--url", action="append", default=[], help="SGLang server URL (repeat for several)")
     what.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
@@ -79,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
     protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
-    protocol.add_argument("--candidates", metavar="C.jsonl",
+    protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl",
                           help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task)")
     protocol.add_argument("--samples", type=_positive_int, default=defaults.samples, help="samples per task (K)")
     protocol.add_argument("--temperature", type=float, default=defaults.temperature)
