@@ -29,6 +29,13 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer")
 
 
+def token_budget(text: str) -> int | None:
+    """argparse type: a token budget, an integer >= 0, or `none` for no budget."""
+    if text.lower() == "none":
+        return None
+    return _int_at_least(text, 0, "an integer >= 0 or none")
+
+
 def seconds(text: str) -> float:
     """argparse type: a finite wall-clock limit in (0, 1 day]."""
     try:
