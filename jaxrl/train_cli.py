@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl.config import config_names
+
+    parser.epilog = f"named configs: {', '.join(config_names())}"
     parser.add_argument("--config", required=True, help="a named config (see jaxrl/configs) or a YAML path")
     parser.add_argument("--steps", type=int, help="run.steps: train up to this step")
     parser.add_argument("--out", type=user_path, help="run.out: the run directory")
