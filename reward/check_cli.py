@@ -18,7 +18,7 @@ import argparse
 import sys
 from collections import Counter
 
-from reward.cli_args import megabytes, output_file_error, positive_int, seconds, user_path
+from reward.cli_args import first_tasks, megabytes, output_file_error, positive_int, seconds, user_path
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult, limits_for
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictions", type=user_path,
                         help="prediction JSONL file; omit to verify the task set itself")
     parser.add_argument("--out", type=user_path, help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--limit", type=positive_int, help="only the first N tasks of --tasks (a quick try)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over when --out holds an interrupted run (by default the same command resumes it)")
     parser.add_argument("--think-opened", action="store_true",
@@ -100,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {args.predictions}: predictions for unknown tasks: {', '.join(unknown[:5])}"
                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""), file=sys.stderr)
             return 2
+    tasks, predictions = first_tasks(tasks, predictions, args.limit)
     if not tasks:
         print(f"error: {args.tasks} holds no tasks", file=sys.stderr)
         return 2

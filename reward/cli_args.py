@@ -66,6 +66,14 @@ def user_path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def first_tasks(tasks: list, predictions: list | None, limit: int | None) -> tuple[list, list | None]:
+    """`--limit N`: the first N tasks and the predictions for them (all when `limit` is None)."""
+    if limit is None:
+        return tasks, predictions
+    kept = {t.task_id for t in tasks[:limit]}
+    return tasks[:limit], None if predictions is None else [p for p in predictions if p.task_id in kept]
+
+
 def output_file_error(path: str | None) -> str | None:
     """Why `path` cannot be written as an output file (checked before any run starts), or None."""
     if path is None:

@@ -17,7 +17,8 @@ import argparse
 import json
 import sys
 
-from reward.cli_args import megabytes, non_negative_int, output_file_error, positive_int, seconds, user_path
+from reward.cli_args import (first_tasks, megabytes, non_negative_int, output_file_error, positive_int, seconds,
+                             user_path)
 from reward.fleet import Fleet
 from reward.sandbox import Limits
 from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
     parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
                         help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024)")
+    parser.add_argument("--limit", type=positive_int, help="only the first N tasks of --tasks (a quick try)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over when --out holds an interrupted run (by default the same command resumes it)")
     parser.add_argument("--summary-json", type=user_path, help="also write the aggregate summary here as JSON")
@@ -89,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     except (SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    tasks, predictions = first_tasks(tasks, predictions, args.limit)
     items = [(by_id[p.task_id], p) for p in predictions]
     limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb)
     settings = dict(lam=args.lam, epsilon=args.epsilon, max_window_runs=args.max_window_runs,

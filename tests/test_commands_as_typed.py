@@ -303,3 +303,14 @@ def test_ctrl_c_in_data_build_is_one_line_and_keeps_the_verdicts(tmp_path):
     assert rc == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == "precisecoder data: interrupted"
     assert cache.read_text(encoding="utf-8").count("\n") >= 1
+
+
+def test_limit_tries_the_first_n_tasks(tmp_path):
+    tasks, preds = str(EXAMPLES / "tasks.jsonl"), str(EXAMPLES / "predictions.jsonl")
+    assert main(["check", "--tasks", tasks, "--out", str(tmp_path / "c.jsonl"), "--limit", "1", "--workers", "1",
+                 "--no-progress"]) == 0
+    assert [(r["task_id"], r["target"]) for r in _lines(tmp_path / "c.jsonl")] == [
+        ("example/add#b0", "solution"), ("example/add#b0", "buggy")]
+    assert main(["score", "--tasks", tasks, "--predictions", preds, "--out", str(tmp_path / "s.jsonl"), "--limit", "2",
+                 "--workers", "1", "--no-progress"]) == 0
+    assert [r["task_id"] for r in _lines(tmp_path / "s.jsonl")] == ["example/add#b0", "example/triangle#b0"]
