@@ -17,7 +17,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from reward.cli_args import user_path
+from reward.cli_args import output_dir_error, user_path
 
 if TYPE_CHECKING:
     from jaxrl.config import Config
@@ -67,6 +67,10 @@ def main(args: argparse.Namespace) -> int:
         cfg = resolve_paths(config_from_args(args.config, args.overrides, args.steps, args.out))
     except ConfigError as e:
         print(f"precisecoder train: config error: {e}", file=sys.stderr)
+        return 2
+    problem = output_dir_error(cfg.run.out)
+    if problem:
+        print(f"precisecoder train: run.out {problem}", file=sys.stderr)
         return 2
     from jaxrl import hosts
     from jaxrl.tasks import DataError

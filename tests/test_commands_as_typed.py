@@ -119,6 +119,8 @@ def test_config_paths_are_taken_from_the_working_directory(tmp_path, monkeypatch
     (["eval", "--tasks", "T", "--out", "a_file", "--model", "m"], "a_file: exists and is not a directory"),
     (["generate", "--model", "m", "--prompts", "p.jsonl", "--out", "a_dir"], "a_dir: is a directory"),
     (["generate", "--model", "m", "--prompts", "p.jsonl", "--out", "p.jsonl"], "--out is also --prompts"),
+    (["eval", "compare", "a_dir", "--out", "a_file"], "a_file: exists and is not a directory"),
+    (["train", "--config", "tiny", "--out", "a_file"], "run.out /"),
     (["check", "--tasks", "empty.jsonl"], "holds no tasks"),
     (["check", "--tasks", "tasks.jsonl", "--out", "tasks.jsonl"], "is also --tasks"),
     (["score", "--tasks", "tasks.jsonl", "--predictions", "p.jsonl", "--out", "p.jsonl"], "is also --predictions"),

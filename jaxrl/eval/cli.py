@@ -153,6 +153,10 @@ def run_compare(args: argparse.Namespace) -> int:
     from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
     from jaxrl.eval.report import compare_markdown  # noqa: PLC0415
 
+    problem = output_dir_error(args.out)
+    if problem:
+        print(f"error: --out {problem}", file=sys.stderr)
+        return 2
     summaries = []
     for run in args.runs:
         path = Path(run) / "summary.json"
