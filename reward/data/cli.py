@@ -86,11 +86,16 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         return _fail(f"--out {args.out}: {e.strerror}")
     start = time.perf_counter()
-    with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
-               isolation=args.isolation, timeout_retries=1) as fleet:
-        result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
-                       cfg, progress=not args.no_progress)
-        runs, hits = fleet.stats.runs, fleet.stats.cache_hits
+    try:
+        with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
+                   isolation=args.isolation, timeout_retries=1) as fleet:
+            result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
+                           cfg, progress=not args.no_progress)
+            runs, hits = fleet.stats.runs, fleet.stats.cache_hits
+    except KeyboardInterrupt:
+        print(f"precisecoder data build: interrupted; the verdicts so far are cached in {cache_dir} and the same "
+              "command resumes", file=sys.stderr)
+        return 130
     write(result, args.out)
     counts = result.manifest["counts"]
     print(json.dumps({"files": result.manifest["files"], "kind": counts["kind"], "source": counts["source"],
