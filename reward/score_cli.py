@@ -102,8 +102,12 @@ def main(args: argparse.Namespace) -> int:
         done = out.resume(lambda rows: [r.get("task_id") for r in rows]
                           == [p.task_id for p in predictions[:len(rows)]])
         scores = [score_from_json(row) for row in done]
-    except (OutputError, TypeError) as e:
+    except OutputError as e:
         print(f"error: --out {e}", file=sys.stderr)
+        return 2
+    except (TypeError, KeyError):
+        print(f"error: --out {args.out} holds lines that are not scores; pass --overwrite to start over",
+              file=sys.stderr)
         return 2
     progress = False if args.no_progress else "score"
     try:
@@ -144,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def score_from_json(row: dict) -> Score:
-    """A `Score` back from its line in a score file (TypeError if the line is not one)."""
+    """A `Score` back from its line in a score file (TypeError or KeyError if the line is not one)."""
     components = tuple(ComponentResult(**{**c, "refs": tuple(c["refs"]), "preds": tuple(c["preds"])})
                        for c in row.get("components", ()))
     return Score(**{**row, "components": components})
