@@ -49,7 +49,8 @@ class Checkpointer:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
-        self._manager = ocp.CheckpointManager(os.fspath(directory), options=options,
+        # Orbax refuses a relative path (in its save thread, after the step ran).
+        self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                               item_names=("state", "extra"))
 
     def save(self, state: TrainState, rng_key: jax.Array, extra: dict[str, Any] | None = None,

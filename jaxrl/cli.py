@@ -9,7 +9,10 @@ imports JAX.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
+import importlib.util
+import os
 import sys
 
 # name -> (module, one-line help). Add a line here to add a subcommand.
@@ -37,6 +40,18 @@ def _top_parser() -> argparse.ArgumentParser:
     )
 
 
+def quiet_platforms(env: dict[str, str]) -> None:
+    """Pin JAX to the CPU (`JAX_PLATFORMS=cpu`) on a machine with no TPU and no GPU plugin, unless it is set.
+
+    libtpu (installed for `plan`) otherwise probes for a TPU at JAX's start and prints
+    pages of warnings, an `E0000 ... INVALID_ARGUMENT` line among them, before falling back.
+    """
+    tpu = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    gpu = importlib.util.find_spec("jax_plugins") is not None
+    if "JAX_PLATFORMS" not in env and not tpu and not gpu:
+        env["JAX_PLATFORMS"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run the chosen subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -47,11 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         top.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
     name, rest = argv[0], argv[1:]
+    if name != "plan":  # plan compiles for TPUs through libtpu
+        quiet_platforms(os.environ)
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"precisecoder {name}", description=module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
-    return int(module.main(parser.parse_args(rest)) or 0)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        print(f"precisecoder {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

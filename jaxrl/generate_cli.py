@@ -15,34 +15,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from jaxrl.rollout import Engine, SamplingParams, make_engine
+from reward.cli_args import output_file_error, token_budget, user_path
+from reward.outfile import json_line
 
 
 class GenerateError(Exception):
     """Bad input or arguments: one line for the user, exit code 2."""
 
 
-def _budget(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 or none, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
-    source.add_argument("--checkpoint", help="trainer run directory (config.yaml + checkpoints/): its latest "
-                                             "checkpoint's policy; or its checkpoints/ or best/, or one step "
-                                             "directory in them (jax engine)")
-    parser.add_argument("--prompts", required=True, help="JSONL of {id, messages} or {id, input_ids}")
-    parser.add_argument("--out", required=True, help="write one JSON line per sample here")
+    source.add_argument("--model", type=user_path,
+                        help="HF safetensors directory of a Qwen3 or Qwen3.5/3.6 model (jax engine)")
+    source.add_argument("--checkpoint", type=user_path,
+                        help="trainer run directory (config.yaml + checkpoints/): its latest "
+                             "checkpoint's policy; or its checkpoints/ or best/, or one step "
+                             "directory in them (jax engine)")
+    parser.add_argument("--prompts", type=user_path, required=True, help="JSONL of {id, messages} or {id, input_ids}")
+    parser.add_argument("--out", type=user_path, required=True, help="write one JSON line per sample here")
     parser.add_argument("--engine", choices=("jax", "sglang", "openai"), default="jax")
     defaults = SamplingParams()
     parser.add_argument("--n", type=int, default=defaults.n, help="samples per prompt (default: 1)")
@@ -51,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="keep the k likeliest (default: 0, all)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
                         help=f"completion tokens, thinking included (default: {defaults.max_tokens})")
-    parser.add_argument("--thinking-budget", type=_budget, default=defaults.thinking_budget,
+    parser.add_argument("--thinking-budget", type=token_budget, default=defaults.thinking_budget,
                         help="close an open think block after B tokens, or `none` "
                              f"(default: {defaults.thinking_budget})")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (default: 0)")
@@ -59,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute dtype of the jax engine (default: float32)")
     parser.add_argument("--url", action="append", default=[], help="an SGLang server (repeat for several)")
     parser.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--served-model", help="model name for the openai engine")
+    parser.add_argument("--served-model", "--model-name", dest="served_model", help="model name for the openai engine")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over; by default prompts whose samples are already in --out are skipped")
     parser.add_argument("--tokenizer", choices=("qwen3", "qwen3_5"),
                         help="tokenizer family for the server engines (default: from --model, else qwen3_5)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per engine call (default: 16)")
@@ -185,34 +183,84 @@ def main(args: argparse.Namespace) -> int:
             raise GenerateError("the openai engine needs --base-url and --served-model")
         if not Path(args.prompts).is_file():
             raise GenerateError(f"--prompts {args.prompts}: no such file")
+        problem = output_file_error(args.out)
+        if problem or os.path.realpath(args.out) == os.path.realpath(args.prompts):
+            raise GenerateError(f"--out {problem or 'is also --prompts'}")
         tokenizer = tokenizer_for(args)
         prompts = read_prompts(args.prompts, tokenizer)
+        done = set() if args.overwrite else finished_prompts(args.out, params.n)
+        todo = [(pid, ids) for pid, ids in prompts if _key(pid) not in done]
+        if not todo:
+            print(f"all {len(prompts)} prompts already have {params.n} samples in {args.out} "
+                  "(--overwrite to start over)", file=sys.stderr)
+            return 0
         engine = open_engine(args, tokenizer)
     except (GenerateError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if done:
+        print(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {args.out}",
+              file=sys.stderr)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        progress = tqdm(total=len(prompts) * params.n, desc="generate", unit="sample", dynamic_ncols=True)
+        progress = tqdm(total=len(todo) * params.n, desc="generate", unit="sample", dynamic_ncols=True)
+    written = 0
     try:
-        with engine, open(args.out, "w", encoding="utf-8") as out:
-            for start in range(0, len(prompts), args.batch_size):
-                batch = prompts[start:start + args.batch_size]
+        with engine, open(args.out, "a" if done else "w", encoding="utf-8") as out:
+            for start in range(0, len(todo), args.batch_size):
+                batch = todo[start:start + args.batch_size]
                 # a seed per batch, so batches draw different streams and a run is reproducible
                 batch_params = dataclasses.replace(params, seed=params.seed * 1_000_003 + start)
                 groups = engine.generate([ids for _, ids in batch], batch_params)
-                for (pid, _), group in zip(batch, groups):
-                    for j, c in enumerate(group):
-                        out.write(json.dumps({"id": pid, "sample": j, "token_ids": list(c.token_ids),
-                                              "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
-                                              "text": c.text}, ensure_ascii=False) + "\n")
+                out.write("".join(json_line({"id": pid, "sample": j, "token_ids": list(c.token_ids),
+                                             "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
+                                             "text": c.text})
+                                  for (pid, _), group in zip(batch, groups) for j, c in enumerate(group)))
                 out.flush()
+                written += len(batch)
                 if progress is not None:
                     progress.update(len(batch) * params.n)
+    except KeyboardInterrupt:
+        print(f"precisecoder generate: interrupted; {len(prompts) - len(todo) + written} of {len(prompts)} prompts "
+              f"are in {args.out} and the same command goes on from there", file=sys.stderr)
+        return 130
     finally:
         if progress is not None:
             progress.close()
-    print(f"wrote {len(prompts) * params.n} samples of {len(prompts)} prompts to {args.out}", file=sys.stderr)
+    print(f"wrote {len(todo) * params.n} samples of {len(todo)} prompts to {args.out}", file=sys.stderr)
     return 0
+
+
+def _key(prompt_id: Any) -> str:
+    return json.dumps(prompt_id, sort_keys=True)
+
+
+def finished_prompts(path: str, n: int) -> set[str]:
+    """Keys of the prompts with all `n` samples in an earlier run's `path`, which keeps only their lines.
+
+    The lines of a prompt cut off by an interrupt (and a torn last line) are dropped, so
+    that prompt is sampled again.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return set()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GenerateError(f"--out {path}: cannot read the earlier run ({e}); pass --overwrite") from None
+    samples: dict[str, set[int]] = {}
+    kept: list[tuple[str, str]] = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+            key, sample = _key(obj["id"]), obj["sample"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        samples.setdefault(key, set()).add(sample)
+        kept.append((key, line))
+    done = {key for key, got in samples.items() if set(range(n)) <= got}
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for key, line in kept if key in done))
+    return done

@@ -26,18 +26,25 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
+from reward.cli_args import seconds
+
 GIB = 2**30
+HEARTBEAT_S = 60.0  # seconds between "still compiling" lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl.config import config_names
+
     parser.add_argument("preset", help="a preset name (tpu_configs/NAME.yaml) or a YAML path")
+    parser.epilog = f"presets and named configs: {', '.join(config_names())}"
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable), e.g. --set run.micro_batches=4")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--step-time", type=seconds, default=None, metavar="SECONDS",
                         help="a train-step time to turn into MFU (default: print the time 40%% MFU means)")
 
 
@@ -107,12 +114,32 @@ def _compile(lowered):
         raise OutOfMemory(needed, text.split("\n")[0]) from None
 
 
-def _phase(lowered) -> Phase:
-    """Per-chip bytes of a lowered computation; over HBM, the bytes XLA asked for (as temporaries)."""
+def _phase(lowered, name: str, timings: dict[str, float]) -> Phase:
+    """Per-chip bytes of a lowered computation; over HBM, the bytes XLA asked for (as temporaries).
+
+    The compile's seconds go to `timings[name]`; it is announced on stderr, and again every
+    minute it runs (a TPU train step takes 5 to 20 minutes on a CPU).
+    """
+    start = time.perf_counter()
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.wait(HEARTBEAT_S):
+            print(f"plan: still compiling {name} ({(time.perf_counter() - start) / 60:.0f} min)",
+                  file=sys.stderr, flush=True)
+
+    print(f"plan: compiling {name} ...", file=sys.stderr, flush=True)
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
     try:
         compiled = _compile(lowered)
     except OutOfMemory as e:
         return Phase(0, e.needed, 0)
+    finally:
+        stop.set()
+        beat.join()
+        timings[name] = time.perf_counter() - start
+        print(f"plan: {name} compiled in {timings[name]:.0f} s", file=sys.stderr, flush=True)
     m = compiled.memory_analysis()
     return Phase(int(m.argument_size_in_bytes), int(m.temp_size_in_bytes),
                  int(m.output_size_in_bytes - m.alias_size_in_bytes))
@@ -246,9 +273,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         mesh = msh.make_mesh(*sizes, devices=devices)
         state_sh = ts.state_shardings(abstract_state, mesh, rules)
         step = ts.jit_train_step(graphdef, rest, tx, step_cfg, mesh, abstract_state, abstract_batch, rules)
-        t = time.perf_counter()
-        train = _phase(step.lower(abstract_state, abstract_batch))
-        timings["train_step"] = time.perf_counter() - t
+        train = _phase(step.lower(abstract_state, abstract_batch), "train_step", timings)
         param_bytes = _sharded_bytes(_with_shardings(abstract_state.params, state_sh.params))
         opt_bytes = _sharded_bytes(_with_shardings(abstract_state.opt_state, state_sh.opt_state))
 
@@ -266,12 +291,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
             prompt = jax.ShapeDtypeStruct((prefill_rows, hw.prompt_tokens), jnp.int32, sharding=row_sh)
             prefill_cache = _with_shardings(jax.eval_shape(lambda: abstract_model.init_cache(prefill_rows, seq)),
                                             cache_fn.lower(prefill_rows, seq).compile().output_shardings)
-            t = time.perf_counter()
-            prefill = _phase(decoder.prefill.lower(dstate, prefill_cache, prompt, prompt))
-            timings["prefill"] = time.perf_counter() - t
-            t = time.perf_counter()
-            decode = _phase(decoder.step.lower(dstate, cache, ids))
-            timings["decode_step"] = time.perf_counter() - t
+            prefill = _phase(decoder.prefill.lower(dstate, prefill_cache, prompt, prompt), "prefill", timings)
+            decode = _phase(decoder.step.lower(dstate, cache, ids), "decode_step", timings)
         cache_bytes = _sharded_bytes(cache)
         method = f"compiled ahead of time for {hw.topology} ({len(devices)} x {devices[0].device_kind})"
     else:

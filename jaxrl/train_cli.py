@@ -10,15 +10,26 @@ with `--coordinator`, `--num-processes`, `--process-id` where it cannot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
 import sys
+from typing import TYPE_CHECKING
+
+from reward.cli_args import output_dir_error, user_path
+
+if TYPE_CHECKING:
+    from jaxrl.config import Config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxrl.config import config_names
+
+    parser.epilog = f"named configs: {', '.join(config_names())}"
     parser.add_argument("--config", required=True, help="a named config (see jaxrl/configs) or a YAML path")
     parser.add_argument("--steps", type=int, help="run.steps: train up to this step")
-    parser.add_argument("--out", help="run.out: the run directory")
+    parser.add_argument("--out", type=user_path, help="run.out: the run directory")
     parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key (dotted), e.g. --set rollout.group_size=4; repeatable")
@@ -30,14 +41,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process-id", type=int, help="multi-host: this process's index")
 
 
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+
+def resolve_paths(cfg: Config) -> Config:
+    """`cfg` with every path in it absolute: relative ones are taken from the working directory, `~` expanded.
+
+    A config file's paths (`run.out`, `data.train`, ...) mean what they would typed on the
+    command line beside `--set`; Orbax and the sandbox workers then never see a relative path.
+    """
+    data = cfg.data
+    build = data.build and dataclasses.replace(data.build, cache_dir=_absolute(data.build.cache_dir))
+    data = dataclasses.replace(data, train=_absolute(data.train), val=_absolute(data.val),
+                               gt_debug=_absolute(data.gt_debug), build=build)
+    return dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, out=_absolute(cfg.run.out)),
+                               model=dataclasses.replace(cfg.model, checkpoint=_absolute(cfg.model.checkpoint)))
+
+
 def main(args: argparse.Namespace) -> int:
     from jaxrl.config import ConfigError
 
     try:
         from jaxrl.trainer import config_from_args
-        cfg = config_from_args(args.config, args.overrides, args.steps, args.out)
+        cfg = resolve_paths(config_from_args(args.config, args.overrides, args.steps, args.out))
     except ConfigError as e:
         print(f"precisecoder train: config error: {e}", file=sys.stderr)
+        return 2
+    problem = output_dir_error(cfg.run.out)
+    if problem:
+        print(f"precisecoder train: run.out {problem}", file=sys.stderr)
         return 2
     from jaxrl import hosts
     from jaxrl.tasks import DataError

@@ -15,22 +15,27 @@ described in README.md and docs/reward.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 
-from reward.cli_args import megabytes, output_file_error, positive_int, seconds
+from reward.cli_args import first_tasks, megabytes, output_file_error, positive_int, seconds, user_path
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult, limits_for
-from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks, write_jsonl
+from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted, json_line
+from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks
 from reward.score import program_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md and README.md)")
-    parser.add_argument("--predictions", help="prediction JSONL file; omit to verify the task set itself")
-    parser.add_argument("--out", help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--tasks", type=user_path, required=True,
+                        help="task JSONL file (schema in docs/reward.md and README.md)")
+    parser.add_argument("--predictions", type=user_path,
+                        help="prediction JSONL file; omit to verify the task set itself")
+    parser.add_argument("--out", type=user_path, help="write one JSON result per run here (default: stdout)")
+    parser.add_argument("--limit", type=positive_int, help="only the first N tasks of --tasks (a quick try)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over when --out holds an interrupted run (by default the same command resumes it)")
     parser.add_argument("--think-opened", action="store_true",
                         help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
                              "response without </think> has no answer; a prediction's own think_opened wins")
@@ -78,7 +83,8 @@ def _mode(task: Task) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = output_file_error(args.out)
+    problem = output_file_error(args.out) or input_clash(args.out, {"--tasks": args.tasks,
+                                                                    "--predictions": args.predictions})
     if problem:
         print(f"error: --out {problem}", file=sys.stderr)
         return 2
@@ -95,11 +101,53 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {args.predictions}: predictions for unknown tasks: {', '.join(unknown[:5])}"
                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""), file=sys.stderr)
             return 2
+    tasks, predictions = first_tasks(tasks, predictions, args.limit)
+    if not tasks:
+        print(f"error: {args.tasks} holds no tasks", file=sys.stderr)
+        return 2
     records, jobs = plan_runs(tasks, predictions, Limits(timeout_s=args.timeout, memory_mb=args.memory_mb),
                               args.think_opened)
+    out = None
+    if args.out:
+        settings = dict(timeout=args.timeout, memory_mb=args.memory_mb, think_opened=args.think_opened,
+                        inputs=digest([args.tasks, args.predictions]))
+        out = ResultsFile(args.out, settings, "check", overwrite=args.overwrite)
+        try:
+            done = out.resume(lambda rs: [(r.get("task_id"), r.get("target")) for r in rs]
+                              == [(r["task_id"], r["target"]) for r in records[:len(rs)]])
+        except OutputError as e:
+            print(f"error: --out {e}", file=sys.stderr)
+            return 2
+        records[:len(done)] = done
+    else:
+        done = []
+    try:
+        with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+            chunk = max(32, 8 * fleet.num_workers)
+            for start in range(len(done), len(records), chunk):
+                _run_chunk(fleet, records[start:start + chunk], jobs[start:start + chunk], args.no_progress)
+                if out is not None:
+                    out.append(records[start:start + chunk])
+                else:
+                    for record in records[start:start + chunk]:
+                        print(json_line(record), end="")
+    except KeyboardInterrupt:
+        if out is None:
+            raise
+        print(interrupted(out), file=sys.stderr)
+        return 130
+    failure = out.close(finished=True) if out is not None else None
+    code = _summarize(records, verifying=predictions is None)
+    if failure:
+        print(failure, file=sys.stderr)
+        return 1
+    return code
+
+
+def _run_chunk(fleet: Fleet, records: list[dict], jobs: list[Job | None], quiet: bool) -> None:
+    """Run one chunk's jobs and fill in their records (a record without a job is `invalid`)."""
     runnable = [i for i, job in enumerate(jobs) if job is not None]
-    with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
-        results = fleet.run([jobs[i] for i in runnable], progress=False if args.no_progress else "check")
+    results = fleet.run([jobs[i] for i in runnable], progress=False if quiet else "check")
     for i, result in zip(runnable, results):
         records[i].update(passed=result.passed, status=result.status,
                           reason=failure_reason(result, isinstance(jobs[i].tests, IOTests)),
@@ -107,12 +155,6 @@ def main(args: argparse.Namespace) -> int:
     for record, job in zip(records, jobs):
         if job is None:
             record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
-    if args.out:
-        write_jsonl(args.out, records)
-    else:
-        for record in records:
-            print(json.dumps(record))
-    return _summarize(records, verifying=predictions is None)
 
 
 def failure_reason(result: RunResult, io: bool) -> str | None:

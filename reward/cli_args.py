@@ -29,6 +29,13 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer")
 
 
+def token_budget(text: str) -> int | None:
+    """argparse type: a token budget, an integer >= 0, or `none` for no budget."""
+    if text.lower() == "none":
+        return None
+    return _int_at_least(text, 0, "an integer >= 0 or none")
+
+
 def seconds(text: str) -> float:
     """argparse type: a finite wall-clock limit in (0, 1 day]."""
     try:
@@ -46,6 +53,25 @@ def megabytes(text: str) -> int:
     if value > MAX_MEMORY_MB:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_MEMORY_MB}, got {value}")
     return value
+
+
+def user_path(text: str) -> str:
+    """argparse type: a path as the user typed it (relative to the working directory, `~` expanded), made absolute.
+
+    Resolved once where it enters the program, so nothing downstream (Orbax, worker
+    processes, a changed directory) sees a relative path.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def first_tasks(tasks: list, predictions: list | None, limit: int | None) -> tuple[list, list | None]:
+    """`--limit N`: the first N tasks and the predictions for them (all when `limit` is None)."""
+    if limit is None:
+        return tasks, predictions
+    kept = {t.task_id for t in tasks[:limit]}
+    return tasks[:limit], None if predictions is None else [p for p in predictions if p.task_id in kept]
 
 
 def output_file_error(path: str | None) -> str | None:

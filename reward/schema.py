@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Union
 
 from reward.diff import diff
+from reward.outfile import json_line
 
 
 class SchemaError(ValueError):
@@ -316,12 +317,16 @@ def load_predictions(path: str | os.PathLike) -> list[Prediction]:
 
 
 def write_jsonl(path: str | os.PathLike, objects: Iterable[dict[str, Any]]) -> None:
-    """Write objects one per line, atomically (a crash never leaves half a file)."""
+    """Write objects one per line, atomically (a crash never leaves half a file).
+
+    Any text survives (see `json_line`), and a link is written through: its target is replaced.
+    """
+    path = os.path.realpath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for obj in objects:
-                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                f.write(json_line(obj))
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -17,18 +17,22 @@ import argparse
 import json
 import sys
 
-from reward.cli_args import megabytes, non_negative_int, output_file_error, positive_int, seconds
+from reward.cli_args import (first_tasks, megabytes, non_negative_int, output_file_error, positive_int, seconds,
+                             user_path)
 from reward.fleet import Fleet
 from reward.sandbox import Limits
-from reward.schema import Prediction, SchemaError, Task, load_tasks, prediction_from_json, read_jsonl, write_jsonl
-from reward.score import (DEFAULT_EPSILON, DEFAULT_LAMBDA, DEFAULT_MAX_WINDOW_RUNS, aggregate, format_summary,
-                          score_predictions)
+from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted
+from reward.schema import Prediction, SchemaError, Task, load_tasks, prediction_from_json, read_jsonl
+from reward.score import (DEFAULT_EPSILON, DEFAULT_LAMBDA, DEFAULT_MAX_WINDOW_RUNS, ComponentResult, Score,
+                          aggregate, format_summary, score_predictions)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", required=True, help="task JSONL file (schema in docs/reward.md)")
-    parser.add_argument("--predictions", required=True, help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
-    parser.add_argument("--out", required=True, help="write one score object per prediction here (JSONL)")
+    parser.add_argument("--tasks", type=user_path, required=True, help="task JSONL file (schema in docs/reward.md)")
+    parser.add_argument("--predictions", type=user_path, required=True,
+                        help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
+    parser.add_argument("--out", type=user_path, required=True,
+                        help="write one score object per prediction here (JSONL)")
     parser.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=DEFAULT_LAMBDA,
                         help="weight λ of f1 in the reward (1 − λ)·unit + λ·f1 (default: 1/3)")
     parser.add_argument("--epsilon", type=non_negative_int, default=DEFAULT_EPSILON,
@@ -44,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
     parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
                         help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024)")
-    parser.add_argument("--summary-json", help="also write the aggregate summary here as JSON")
+    parser.add_argument("--limit", type=positive_int, help="only the first N tasks of --tasks (a quick try)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over when --out holds an interrupted run (by default the same command resumes it)")
+    parser.add_argument("--summary-json", type=user_path, help="also write the aggregate summary here as JSON")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -68,8 +75,12 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.lam <= 1:
         print(f"error: --lambda must lie in [0, 1], got {args.lam}", file=sys.stderr)
         return 2
+    inputs = {"--tasks": args.tasks, "--predictions": args.predictions}
+    if input_clash(args.summary_json, {"--out": args.out}):
+        print(f"error: --summary-json {input_clash(args.summary_json, {'--out': args.out})}", file=sys.stderr)
+        return 2
     for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):
-        problem = output_file_error(path)
+        problem = output_file_error(path) or input_clash(path, inputs)
         if problem:
             print(f"error: {flag} {problem}", file=sys.stderr)
             return 2
@@ -80,16 +91,40 @@ def main(args: argparse.Namespace) -> int:
     except (SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    tasks, predictions = first_tasks(tasks, predictions, args.limit)
     items = [(by_id[p.task_id], p) for p in predictions]
+    limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+    settings = dict(lam=args.lam, epsilon=args.epsilon, max_window_runs=args.max_window_runs,
+                    think_opened=args.think_opened, timeout=args.timeout, memory_mb=args.memory_mb,
+                    inputs=digest([args.tasks, args.predictions]))
+    out = ResultsFile(args.out, settings, "score", overwrite=args.overwrite)
+    try:
+        done = out.resume(lambda rows: [r.get("task_id") for r in rows]
+                          == [p.task_id for p in predictions[:len(rows)]])
+        scores = [score_from_json(row) for row in done]
+    except OutputError as e:
+        print(f"error: --out {e}", file=sys.stderr)
+        return 2
+    except (TypeError, KeyError):
+        print(f"error: --out {args.out} holds lines that are not scores; pass --overwrite to start over",
+              file=sys.stderr)
+        return 2
     progress = False if args.no_progress else "score"
-    with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
-        scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress=progress),
-                                   lam=args.lam, epsilon=args.epsilon,
-                                   limits=Limits(timeout_s=args.timeout, memory_mb=args.memory_mb),
-                                   max_window_runs=args.max_window_runs, window_batch=2 * fleet.num_workers,
-                                   think_opened=args.think_opened)
-        stats = fleet.stats
-    write_jsonl(args.out, (s.to_json() for s in scores))
+    try:
+        with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+            chunk = max(16, 4 * fleet.num_workers)
+            for start in range(len(scores), len(items), chunk):
+                new = score_predictions(items[start:start + chunk], lambda jobs: fleet.run(jobs, progress=progress),
+                                        lam=args.lam, epsilon=args.epsilon, limits=limits,
+                                        max_window_runs=args.max_window_runs, window_batch=2 * fleet.num_workers,
+                                        think_opened=args.think_opened)
+                out.append([s.to_json() for s in new])
+                scores += new
+            stats = fleet.stats
+    except KeyboardInterrupt:
+        print(interrupted(out), file=sys.stderr)
+        return 130
+    failure = out.close(finished=True)
     summary = aggregate(tasks, scores, args.lam)
     summary["test_runs"], summary["cache_hits"] = stats.runs, stats.cache_hits
     predicted = {p.task_id for p in predictions}
@@ -100,7 +135,20 @@ def main(args: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"test runs {stats.runs}, cache hits {stats.cache_hits}")
     if args.summary_json:
-        with open(args.summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-            f.write("\n")
+        try:
+            with open(args.summary_json, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            failure = failure or f"error: writing --summary-json {args.summary_json} failed ({e.strerror or e})"
+    if failure:
+        print(failure, file=sys.stderr)
+        return 1
     return 0
+
+
+def score_from_json(row: dict) -> Score:
+    """A `Score` back from its line in a score file (TypeError or KeyError if the line is not one)."""
+    components = tuple(ComponentResult(**{**c, "refs": tuple(c["refs"]), "preds": tuple(c["preds"])})
+                       for c in row.get("components", ()))
+    return Score(**{**row, "components": components})

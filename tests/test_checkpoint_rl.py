@@ -113,14 +113,26 @@ def test_keeps_last_n_and_rejects_a_saved_step(tmp_path):
 
 
 CHILD = textwrap.dedent("""
-    import sys
+    import asyncio, sys
     import jax, jax.numpy as jnp
+    from orbax.checkpoint._src.path import async_path
     from jaxrl import train_step as ts
     from jaxrl.checkpoint import Checkpointer
 
+    rename = async_path.rename
+
+    async def held_rename(src, dst):
+        # Step 2 is fully written but not yet renamed into place: the parent kills us here,
+        # whatever the machine's load (a kill timed by the clock could land before or after).
+        if dst.name == "2":
+            print("saving 2", flush=True)
+            await asyncio.sleep(3600)
+        return await rename(src, dst)
+
+    async_path.rename = held_rename
+
     def state(step, value):
-        # 64M float32 (256 MB) so that writing takes far longer than the kill.
-        params = {"w": jnp.full((64, 1024, 1024), value, jnp.float32)}
+        params = {"w": jnp.full((64, 1024), value, jnp.float32)}
         return ts.TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=())
 
     ckpt = Checkpointer(sys.argv[1], max_to_keep=3)
@@ -128,13 +140,14 @@ CHILD = textwrap.dedent("""
     ckpt.wait()
     print("saved 1", flush=True)
     ckpt.save(state(2, 2.0), jax.random.key(2), {"step": 2})
-    print("saving 2", flush=True)
     ckpt.wait()
     print("saved 2", flush=True)
 """)
 
 
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
+    """SIGKILL while step 2's directory is written but not renamed into place (Orbax's private
+    rename is held in the child, so the kill lands there at any load)."""
     ckpt_dir = tmp_path / "ckpt"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt_dir)], stdout=subprocess.PIPE,
@@ -146,7 +159,7 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
         if line.startswith("saving 2"):
             proc.send_signal(signal.SIGKILL)
             break
-    proc.wait(timeout=60)
+    proc.wait(timeout=600)
     assert lines == ["saved 1", "saving 2"], lines
     assert proc.returncode == -signal.SIGKILL
     leftovers = [p.name for p in ckpt_dir.iterdir() if p.name.startswith("2")]
@@ -155,7 +168,7 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     mesh = make_mesh(1, 1, 1)
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     target = ts.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
-                           params={"w": jax.ShapeDtypeStruct((64, 1024, 1024), jnp.float32, sharding=rep)},
+                           params={"w": jax.ShapeDtypeStruct((64, 1024), jnp.float32, sharding=rep)},
                            opt_state=())
     ckpt = Checkpointer(ckpt_dir)
     assert ckpt.all_steps() == [1]

@@ -249,7 +249,7 @@ def test_compare_table_and_figures(tok, fleet, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--out", "x"], "--tasks and --out are required"),
     (["--tasks", "T", "--out", "x"], "say what to evaluate"),
-    (["--tasks", "T", "--out", "x", "--engine", "openai", "--base-url", "http://127.0.0.1:1/v1"], "--model-name"),
+    (["--tasks", "T", "--out", "x", "--engine", "openai", "--base-url", "http://127.0.0.1:1/v1"], "--served-model"),
     (["--tasks", "T", "--out", "x", "--engine", "sglang"], "needs --url"),
     (["--tasks", "T", "--out", "x", "--model", "m", "--prompt", "refine"], "needs --candidates"),
     (["--tasks", "T", "--out", "x", "--model", "m", "--thinking-budget", "7000"], "room for an answer"),

@@ -127,3 +127,32 @@ def test_generate_with_the_sglang_engine(prompts, tmp_path):
         assert len(rows) == 6 and all(len(r["token_ids"]) == 4 for r in rows)
     finally:
         server.close()
+
+
+def test_ctrl_c_keeps_finished_prompts_and_the_same_command_skips_them(model_dir, prompts, tmp_path, monkeypatch,
+                                                                        capsys):
+    """Ctrl-C arrives (as KeyboardInterrupt) during the second batch; the rerun samples only what is missing."""
+    real = JaxEngine.generate
+    calls = []
+
+    def interrupted_second(self, batch, params):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, batch, params)
+
+    monkeypatch.setattr(JaxEngine, "generate", interrupted_second)
+    out = tmp_path / "out.jsonl"
+    argv = ("--model", model_dir, "--prompts", prompts, "--out", out, "--n", 2, "--max-tokens", 3, "--batch-size", 1)
+    assert _run(*argv) == 130
+    assert "interrupted; 1 of 2 prompts are in" in capsys.readouterr().err
+    assert [(r["id"], r["sample"]) for r in _read(out)] == [("a", 0), ("a", 1)]
+    with out.open("a") as f:
+        f.write('{"id": 7, "sample": 0, "tok')  # a line torn by a kill
+    calls.clear()
+    monkeypatch.setattr(JaxEngine, "generate", lambda self, batch, params: calls.append(len(batch)) or real(
+        self, batch, params))
+    assert _run(*argv) == 0
+    assert calls == [1] and "resuming: 1 of 2 prompts" in capsys.readouterr().err
+    assert [(r["id"], r["sample"]) for r in _read(out)] == [("a", 0), ("a", 1), (7, 0), (7, 1)]
+    assert _run(*argv, "--overwrite") == 0 and calls == [1, 1, 1]

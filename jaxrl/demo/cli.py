@@ -13,23 +13,29 @@ import shlex
 import sys
 from pathlib import Path
 
+from reward.cli_args import user_path
 from jaxrl.demo.run import METHODS, OPTIONAL_METHODS, DemoConfig, check_resume
+
+# RL and SFT steps of `--smoke` unless given.
+SMOKE_STEPS, SMOKE_SFT_STEPS = 2, 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoConfig()
-    parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
+    parser.add_argument("--out", type=user_path, default="runs/demo", help="output directory (default: runs/demo)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default: 1)")
-    parser.add_argument("--steps", type=int, default=d.rl_steps, help=f"RL steps per method (default: {d.rl_steps})")
-    parser.add_argument("--sft-steps", type=int, default=d.sft.steps,
-                        help=f"SFT steps of the base (default: {d.sft.steps})")
+    parser.add_argument("--steps", type=int,
+                        help=f"RL steps per method (default: {d.rl_steps}; {SMOKE_STEPS} with --smoke)")
+    parser.add_argument("--sft-steps", type=int,
+                        help=f"SFT steps of the base (default: {d.sft.steps}; {SMOKE_SFT_STEPS} with --smoke)")
     parser.add_argument("--with", dest="extra", action="append", default=[], choices=OPTIONAL_METHODS,
                         help="also train this method (repeatable): grpo_f1sum (GRPO on r_λ), ea_grpo")
     parser.add_argument("--kl", type=float, default=d.kl_coef,
                         help=f"weight of the KL term to the base policy (default: {d.kl_coef})")
     parser.add_argument("--lr", type=float, default=d.learning_rate, help=f"RL learning rate (default: {d.learning_rate})")
-    parser.add_argument("--small", action="store_true",
-                        help="a smoke run: few tasks and steps (checks the pipeline, learns nothing)")
+    parser.add_argument("--smoke", "--small", dest="smoke", action="store_true",
+                        help="a smoke run in under a minute: few tasks, a 1-layer model, "
+                             f"{SMOKE_SFT_STEPS} SFT and {SMOKE_STEPS} RL steps (checks the pipeline, learns nothing)")
     parser.add_argument("--resume", action="store_true",
                         help="continue in a non-empty --out with the same options (more --seeds or --with "
                              "are fine; others are refused): finished parts are reused")
@@ -51,6 +57,14 @@ def split_host(env: dict[str, str], devices: int) -> None:
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
+def steps_of(args: argparse.Namespace) -> tuple[int, int]:
+    """(RL steps, SFT steps): as given, else the smoke run's or the default's."""
+    d = DemoConfig()
+    rl = args.steps if args.steps is not None else SMOKE_STEPS if args.smoke else d.rl_steps
+    sft = args.sft_steps if args.sft_steps is not None else SMOKE_SFT_STEPS if args.smoke else d.sft.steps
+    return rl, sft
+
+
 def config_of(args: argparse.Namespace) -> DemoConfig:
     """The DemoConfig of the command line (ValueError on a bad combination)."""
     import dataclasses
@@ -58,18 +72,20 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
     from jaxrl.demo.sft import SFTConfig
 
     d = DemoConfig()
-    sft = dataclasses.replace(d.sft, steps=args.sft_steps, warmup_steps=min(d.sft.warmup_steps, args.sft_steps - 1))
-    cfg = dict(seeds=args.seeds, methods=METHODS + tuple(dict.fromkeys(args.extra)), rl_steps=args.steps,
+    rl_steps, sft_steps = steps_of(args)
+    sft = dataclasses.replace(d.sft, steps=sft_steps, warmup_steps=min(d.sft.warmup_steps, sft_steps - 1))
+    cfg = dict(seeds=args.seeds, methods=METHODS + tuple(dict.fromkeys(args.extra)), rl_steps=rl_steps,
                sft=sft, kl_coef=args.kl, learning_rate=args.lr)
-    if args.small:
+    if args.smoke:
         cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, hidden=32, layers=1, heads=2,
                    tasks_per_step=2, group_size=2,
-                   sft=SFTConfig(steps=min(args.sft_steps, 4), batch_size=8, warmup_steps=1))
+                   sft=SFTConfig(steps=min(sft_steps, SMOKE_SFT_STEPS), batch_size=8, warmup_steps=1))
     return DemoConfig(**cfg)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.seeds < 1 or args.steps < 1 or args.sft_steps < 2:
+    rl_steps, sft_steps = steps_of(args)
+    if args.seeds < 1 or rl_steps < 1 or sft_steps < 2:
         print("precisecoder demo: --seeds and --steps must be >= 1 and --sft-steps >= 2", file=sys.stderr)
         return 2
     if args.cpu_devices < 1:

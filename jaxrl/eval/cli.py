@@ -1,7 +1,7 @@
 """Evaluate a model under the paper's protocol, or put several evaluations side by side.
 
   precisecoder eval --tasks T.jsonl (--model PATH | --checkpoint DIR | --engine sglang --url URL
-                    | --engine openai --base-url URL --model-name NAME) --out DIR [options]
+                    | --engine openai --base-url URL --served-model NAME) --out DIR [options]
   precisecoder eval compare DIR... [--out DIR]
 
 `eval` renders every task with the chosen prompt (the paper's wording), samples,
@@ -19,34 +19,20 @@ per task kind), precision_vs_pass.png and noop_vs_damage.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from jaxrl.eval.evaluate import EvalError, evaluate
+from jaxrl.eval.evaluate import RUN, EvalError, evaluate
 from jaxrl.eval.protocol import EvalSettings
+from reward.cli_args import output_dir_error, positive_int, token_budget, user_path
 from reward.fleet import Fleet
 from reward.schema import SchemaError, load_tasks
 from reward.score_cli import load_predictions_for
 
 ENGINES = ("jax", "sglang", "openai")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _budget(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 or 'none', got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,18 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  description="Put several eval runs side by side: compare.md (the paper's Table 2 "
                                              "layout), precision_vs_pass.png (Figure 12) and noop_vs_damage.png "
                                              "(Figure 14).")
-    compare.add_argument("runs", nargs="+", metavar="DIR", help="run directories written by `precisecoder eval`")
-    compare.add_argument("--out", default="compare", help="write compare.md and the PNGs here (default: ./compare)")
+    compare.add_argument("runs", type=user_path, nargs="+", metavar="DIR",
+                         help="run directories written by `precisecoder eval`")
+    compare.add_argument("--out", type=user_path, default="compare",
+                         help="write compare.md and the PNGs here (default: ./compare)")
 
     what = parser.add_argument_group("what to evaluate")
-    what.add_argument("--tasks", help="task JSONL file")
-    what.add_argument("--out", help="run directory for predictions, scores, summary and report")
-    what.add_argument("--model", metavar="PATH", help="HF safetensors directory, sampled with the jax engine")
-    what.add_argument("--checkpoint", metavar="DIR", help="a `precisecoder train` run or checkpoint directory")
+    what.add_argument("--tasks", type=user_path, help="task JSONL file")
+    what.add_argument("--out", type=user_path, help="run directory for predictions, scores, summary and report")
+    what.add_argument("--model", type=user_path, metavar="PATH",
+                      help="HF safetensors directory, sampled with the jax engine")
+    what.add_argument("--checkpoint", type=user_path, metavar="DIR",
+                      help="a `precisecoder train` run or checkpoint directory")
     what.add_argument("--engine", choices=ENGINES, help="jax (default with --model/--checkpoint), sglang or openai")
     what.add_argument("--url", action="append", default=[], help="SGLang server URL (repeat for several)")
     what.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
-    what.add_argument("--model-name", help="the served model's name (openai); also the default --name")
+    what.add_argument("--served-model", "--model-name", dest="model_name",
+                      help="the served model's name (openai); also the default --name")
     what.add_argument("--api", choices=("chat", "completions"), default="chat",
                       help="openai: chat completions (the server's chat template; no thinking budget), or raw "
                            "completions of our rendered prompt as token ids (the budget enforced; Qwen models)")
@@ -80,17 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
     protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
-    protocol.add_argument("--candidates", metavar="C.jsonl",
+    protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl",
                           help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task)")
-    protocol.add_argument("--samples", type=_positive_int, default=defaults.samples, help="samples per task (K)")
+    protocol.add_argument("--samples", type=positive_int, default=defaults.samples, help="samples per task (K)")
     protocol.add_argument("--temperature", type=float, default=defaults.temperature)
     protocol.add_argument("--top-p", type=float, default=defaults.top_p)
     protocol.add_argument("--top-k", type=int, default=defaults.top_k)
-    protocol.add_argument("--thinking-budget", type=_budget, default=defaults.thinking_budget,
+    protocol.add_argument("--thinking-budget", type=token_budget, default=defaults.thinking_budget,
                           help="thinking tokens on buggy tasks ('none': no budget; default 4096)")
-    protocol.add_argument("--max-tokens", type=_positive_int, default=defaults.max_tokens,
+    protocol.add_argument("--max-tokens", type=positive_int, default=defaults.max_tokens,
                           help="completion tokens in total on buggy tasks (default 6144)")
-    protocol.add_argument("--clean-thinking-budget", type=_budget, default=defaults.clean_thinking_budget,
+    protocol.add_argument("--clean-thinking-budget", type=token_budget, default=defaults.clean_thinking_budget,
                           help="thinking tokens on clean (GT Debug) tasks (default 16384; the answer room "
                                "max-tokens − thinking-budget is kept)")
     protocol.add_argument("--no-thinking", action="store_true", help="render prompts with thinking off")
@@ -104,20 +95,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agent.add_argument("--agent", action="store_true",
                        help="run each task as a tool loop (view / str_replace_editor / submit) and score the final "
                             "file; the thinking and token budgets apply per turn; writes DIR/episodes.jsonl too")
-    agent.add_argument("--turns", type=_positive_int, default=None, help="the agent's turn budget (default 5)")
+    agent.add_argument("--turns", type=positive_int, default=None, help="the agent's turn budget (default 5)")
     agent.add_argument("--agent-tests", action="store_true",
                        help="offer the agent a run_tests tool (pass/fail counts of the task's tests; off in the paper)")
 
     run = parser.add_argument_group("execution")
-    run.add_argument("--batch-size", type=_positive_int, default=None,
+    run.add_argument("--batch-size", type=positive_int, default=None,
                      help="prompts per engine call; a finished call is saved at once (default: 16 for jax, "
                           "1 for servers)")
-    run.add_argument("--concurrency", type=_positive_int, default=None,
+    run.add_argument("--concurrency", type=positive_int, default=None,
                      help="requests in flight to sglang/openai (default 16); the jax engine runs one call at a time")
     run.add_argument("--retries", type=int, default=3,
                      help="extra attempts of a failed request of sglang/openai, with backoff (default 3)")
     run.add_argument("--request-timeout", type=float, default=600.0,
                      help="seconds per HTTP request of sglang/openai (default 600)")
+    run.add_argument("--limit", type=positive_int, help="evaluate only the first N tasks of --tasks (a quick try)")
     run.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
     run.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto", help="sandbox isolation")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -145,17 +137,17 @@ def engine_kind(args: argparse.Namespace) -> str:
     engine = args.engine or ("jax" if sources else None)
     if engine is None:
         raise UsageError("say what to evaluate: --model PATH, --checkpoint DIR, --engine sglang --url URL "
-                         "or --engine openai --base-url URL --model-name NAME")
+                         "or --engine openai --base-url URL --served-model NAME")
     if engine == "jax" and not sources:
         raise UsageError("the jax engine needs --model PATH or --checkpoint DIR")
     if engine == "sglang" and not args.url:
         raise UsageError("--engine sglang needs --url URL")
     if engine == "openai" and not (args.base_url and args.model_name):
-        raise UsageError("--engine openai needs --base-url URL and --model-name NAME")
+        raise UsageError("--engine openai needs --base-url URL and --served-model NAME")
     if engine != "sglang" and args.url:
         raise UsageError("--url is for --engine sglang")
     if engine != "openai" and (args.base_url or args.model_name):
-        raise UsageError("--base-url and --model-name are for --engine openai")
+        raise UsageError("--base-url and --served-model are for --engine openai")
     return engine
 
 
@@ -170,6 +162,10 @@ def run_compare(args: argparse.Namespace) -> int:
     from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
     from jaxrl.eval.report import compare_markdown  # noqa: PLC0415
 
+    problem = output_dir_error(args.out)
+    if problem:
+        print(f"error: --out {problem}", file=sys.stderr)
+        return 2
     summaries = []
     for run in args.runs:
         path = Path(run) / "summary.json"
@@ -209,11 +205,18 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("--turns and --agent-tests are for --agent")
         if args.agent and (args.prompt != "minimal" or args.candidates):
             raise UsageError("--agent has its own prompt; drop --prompt and --candidates")
+        problem = output_dir_error(args.out)
+        if problem:
+            raise UsageError(f"--out {problem}")
         settings = settings_of(args)
         kind = engine_kind(args)
-        tasks = load_tasks(args.tasks)
+        tasks = load_tasks(args.tasks)[:args.limit]
         if not tasks:
             raise UsageError(f"{args.tasks} holds no tasks")
+        clash = other_run(Path(args.out), settings, tasks, chat=kind == "openai" and args.api == "chat",
+                          agent=dataclasses.asdict(agent_settings(args)) if args.agent else None)
+        if clash:
+            raise UsageError(clash)
         candidates = None
         if args.candidates:
             by_id = {t.task_id: t for t in tasks}
@@ -239,10 +242,10 @@ def main(args: argparse.Namespace) -> int:
                            cache_path=_cache_path(args.out)) as fleet:
             chat = kind == "openai" and args.api == "chat"
             if args.agent:
-                from jaxrl.agent.evaluate import AgentSettings, evaluate_agent  # noqa: PLC0415
+                from jaxrl.agent.evaluate import evaluate_agent  # noqa: PLC0415
 
                 result = evaluate_agent(engine, tokenizer, tasks, settings, fleet,
-                                        AgentSettings(args.turns or AgentSettings.turns, args.agent_tests),
+                                        agent_settings(args),
                                         model=model, task_set=args.tasks, out_dir=args.out,
                                         batch_size=args.batch_size * args.concurrency, retries=0,
                                         progress=not args.no_progress, chat=chat)
@@ -263,6 +266,29 @@ def main(args: argparse.Namespace) -> int:
           "summary.json, report.md "
           f"({len(result.samples)} samples)")
     return 0
+
+
+def agent_settings(args: argparse.Namespace):
+    """The agent's settings of an `eval --agent` command."""
+    from jaxrl.agent.evaluate import AgentSettings  # noqa: PLC0415
+
+    return AgentSettings(args.turns or AgentSettings.turns, args.agent_tests)
+
+
+def other_run(out: Path, settings: EvalSettings, tasks: list, chat: bool, agent: dict | None = None) -> str | None:
+    """Why `out` cannot be resumed with these settings and tasks (checked before a model loads), or None."""
+    try:
+        previous = json.loads((out / RUN).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{out / RUN} is unreadable ({e}); use another --out directory"
+    now = json.loads(json.dumps({"settings": settings.to_json(), "chat": chat, "tasks": [t.task_id for t in tasks],
+                                 "agent": agent}))
+    changed = sorted(k for k in now if previous.get(k) != now[k])
+    if changed:
+        return f"{out} holds a run with other {', '.join(changed)}; use another --out directory or delete it"
+    return None
 
 
 def _cache_path(out: str) -> Path:

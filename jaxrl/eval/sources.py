@@ -5,7 +5,7 @@
   config.json `model_type`.
 - `--checkpoint DIR`: a `precisecoder train` checkpoint, restored onto the run's model.
 - `--engine sglang --url URL`: SGLang servers, token ids in and out.
-- `--engine openai --base-url URL --model-name NAME`: an OpenAI-compatible endpoint.
+- `--engine openai --base-url URL --served-model NAME`: an OpenAI-compatible endpoint.
 """
 
 from __future__ import annotations

