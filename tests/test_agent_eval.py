@@ -147,7 +147,7 @@ def test_a_rerun_keeps_the_episodes_and_other_settings_are_refused(tasks_file, t
         assert cli.main(agent_args(server, tasks_file, out)) == 0
         assert len(server.requests) == sent  # nothing sampled again
         assert (out / "episodes.jsonl").read_text() == episodes
-        assert cli.main(agent_args(server, tasks_file, out, "--turns", "3")) == 1
+        assert cli.main(agent_args(server, tasks_file, out, "--turns", "3")) == 2  # refused before the model loads
     assert "holds a run with other agent" in capsys.readouterr().err
 
 
