@@ -13,6 +13,11 @@ themselves; every other value is a JSON list whose first element names its type
 crosses as its base type, so the receiver only ever builds built-in values:
 no pickle, no marshal, no object whose methods the sender chose.
 
+Where a side passes `handle`, values that are not plain data cross as
+`["handle", <number>]` instead of being refused: the program's side numbers its
+objects (they stay in its process), the judge's side turns numbers into
+proxies (docs/sandbox.md, "Objects of the program").
+
 Frames on a stream socket are a 4-byte big-endian length and a UTF-8 JSON object.
 """
 
@@ -47,8 +52,8 @@ def _float_text(x):
     return repr(float(x))
 
 
-def to_wire(value, depth=0, budget=None):
-    """The JSON-ready form of a plain-data value; raises CodecError for anything else."""
+def to_wire(value, depth=0, budget=None, handle=None):
+    """The JSON-ready form of a plain-data value; anything else goes to `handle` (default: CodecError)."""
     budget = budget or _Budget()
     budget.spend()
     if depth > MAX_DEPTH:
@@ -75,15 +80,18 @@ def to_wire(value, depth=0, budget=None):
         return ["bytearray", base64.b64encode(bytes(value)).decode("ascii")]
     d = depth + 1
     if isinstance(value, list):
-        return ["list", [to_wire(v, d, budget) for v in list.__iter__(value)]]
+        return ["list", [to_wire(v, d, budget, handle) for v in list.__iter__(value)]]
     if isinstance(value, tuple):
-        return ["tuple", [to_wire(v, d, budget) for v in tuple.__iter__(value)]]
+        return ["tuple", [to_wire(v, d, budget, handle) for v in tuple.__iter__(value)]]
     if isinstance(value, dict):
-        return ["dict", [[to_wire(k, d, budget), to_wire(v, d, budget)] for k, v in dict.items(value)]]
+        return ["dict", [[to_wire(k, d, budget, handle), to_wire(v, d, budget, handle)]
+                         for k, v in dict.items(value)]]
     if isinstance(value, frozenset):
-        return ["frozenset", [to_wire(v, d, budget) for v in frozenset.__iter__(value)]]
+        return ["frozenset", [to_wire(v, d, budget, handle) for v in frozenset.__iter__(value)]]
     if isinstance(value, set):
-        return ["set", [to_wire(v, d, budget) for v in set.__iter__(value)]]
+        return ["set", [to_wire(v, d, budget, handle) for v in set.__iter__(value)]]
+    if handle is not None:
+        return handle(value)
     raise CodecError(f"a value of type {type(value).__name__} is not plain data")
 
 
@@ -96,10 +104,10 @@ def _float(text):
         raise CodecError("bad float") from None
 
 
-def _items(payload, depth, budget):
+def _items(payload, depth, budget, handle):
     if not isinstance(payload, list):
         raise CodecError("bad container")
-    return [from_wire(v, depth + 1, budget) for v in payload]
+    return [from_wire(v, depth + 1, budget, handle) for v in payload]
 
 
 def _bytes(payload):
@@ -111,8 +119,8 @@ def _bytes(payload):
         raise CodecError("bad bytes") from None
 
 
-def from_wire(obj, depth=0, budget=None):
-    """Rebuild a plain-data value from its wire form; raises CodecError on anything malformed."""
+def from_wire(obj, depth=0, budget=None, handle=None):
+    """Rebuild a value from its wire form; CodecError on anything malformed (or a handle without `handle`)."""
     budget = budget or _Budget()
     budget.spend()
     if depth > MAX_DEPTH:
@@ -140,20 +148,25 @@ def from_wire(obj, depth=0, budget=None):
             return _bytes(rest[0])
         if tag == "bytearray" and len(rest) == 1:
             return bytearray(_bytes(rest[0]))
+        if tag == "handle" and len(rest) == 1 and handle is not None:
+            if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
+                raise CodecError("bad handle")
+            return handle(rest[0])
         if len(rest) == 1:
             if tag == "list":
-                return _items(rest[0], depth, budget)
+                return _items(rest[0], depth, budget, handle)
             if tag == "tuple":
-                return tuple(_items(rest[0], depth, budget))
+                return tuple(_items(rest[0], depth, budget, handle))
             if tag == "set":
-                return set(_items(rest[0], depth, budget))
+                return set(_items(rest[0], depth, budget, handle))
             if tag == "frozenset":
-                return frozenset(_items(rest[0], depth, budget))
+                return frozenset(_items(rest[0], depth, budget, handle))
             if tag == "dict":
                 pairs = rest[0]
                 if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
                     raise CodecError("bad dict")
-                return {from_wire(k, depth + 1, budget): from_wire(v, depth + 1, budget) for k, v in pairs}
+                return {from_wire(k, depth + 1, budget, handle): from_wire(v, depth + 1, budget, handle)
+                        for k, v in pairs}
     except TypeError as e:  # an unhashable key or set member
         raise CodecError(str(e)) from None
     raise CodecError(f"unknown tag {tag[:20]!r}")

@@ -132,7 +132,7 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
     "raise_what_the_test_expects_for_wrong_input": (
         "def answer(x):\n    raise ValueError('x')\n",
         "try:\n    answer(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\nassert answer(1) == 42\n"),
-    "return_a_generator": ("def answer():\n    yield 42\n", "assert list(answer()) == [42]\n"),
+    "generator_where_a_list_is_expected": ("def answer():\n    yield 42\n", "assert answer() == [42]\n"),
     "return_a_function": ("def answer():\n    return lambda: 42\n", "assert answer() == 42\n"),
     "return_huge_string": ("def answer():\n    return 'x' * (64 << 20)\n", "assert answer() == 42\n"),
     "return_deep_nesting": ("def answer():\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n",
@@ -174,7 +174,7 @@ SOLUTIONS = {
     "shadow_builtins_at_top_level": "def answer():\n    return [1, 3, 2]\n",
     "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < 0:\n        raise ValueError(x)\n"
                                                    "    return 42\n",
-    "return_a_generator": "def answer():\n    return [42]\n",
+    "generator_where_a_list_is_expected": "def answer():\n    return [42]\n",
     "io_steal_expected_output": f"print({SECRET!r})\n",
     "io_forge_frames": f"print({SECRET!r})\n",
 }
@@ -187,7 +187,7 @@ BUGGY = {
     "shadow_builtins_at_top_level": "def answer():\n    return [1, 3]\n",
     "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < -5:\n        raise ValueError(x)\n"
                                                    "    return 42\n",
-    "return_a_generator": "def answer():\n    return [41]\n",
+    "generator_where_a_list_is_expected": "def answer():\n    return [41]\n",
     "io_steal_expected_output": "print('')\n",
     "io_forge_frames": "print('')\n",
 }
