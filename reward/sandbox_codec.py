@@ -60,35 +60,36 @@ def to_wire(value, depth=0, budget=None, handle=None):
         raise CodecError(f"nested deeper than {MAX_DEPTH}")
     if value is None or value is True or value is False:
         return value
-    if isinstance(value, bool):
+    kind = type(value)  # not isinstance: an object can claim any class through __class__
+    if issubclass(kind, bool):
         return bool(value)
-    if isinstance(value, int):
+    if issubclass(kind, int):
         number = int.__index__(value)
         bits = number.bit_length()
         if bits > MAX_INT_BITS:
             raise CodecError(f"integer over {MAX_INT_BITS} bits")
         return number if bits <= _JSON_INT_BITS else ["int", format(number, "x")]
-    if isinstance(value, float):
+    if issubclass(kind, float):
         return ["float", _float_text(value)]
-    if isinstance(value, complex):
+    if issubclass(kind, complex):
         return ["complex", _float_text(value.real), _float_text(value.imag)]
-    if isinstance(value, str):
+    if issubclass(kind, str):
         return str.__str__(value)
-    if isinstance(value, bytes):
+    if issubclass(kind, bytes):
         return ["bytes", base64.b64encode(bytes(value)).decode("ascii")]
-    if isinstance(value, bytearray):
+    if issubclass(kind, bytearray):
         return ["bytearray", base64.b64encode(bytes(value)).decode("ascii")]
     d = depth + 1
-    if isinstance(value, list):
+    if issubclass(kind, list):
         return ["list", [to_wire(v, d, budget, handle) for v in list.__iter__(value)]]
-    if isinstance(value, tuple):
+    if issubclass(kind, tuple):
         return ["tuple", [to_wire(v, d, budget, handle) for v in tuple.__iter__(value)]]
-    if isinstance(value, dict):
+    if issubclass(kind, dict):
         return ["dict", [[to_wire(k, d, budget, handle), to_wire(v, d, budget, handle)]
                          for k, v in dict.items(value)]]
-    if isinstance(value, frozenset):
+    if issubclass(kind, frozenset):
         return ["frozenset", [to_wire(v, d, budget, handle) for v in frozenset.__iter__(value)]]
-    if isinstance(value, set):
+    if issubclass(kind, set):
         return ["set", [to_wire(v, d, budget, handle) for v in set.__iter__(value)]]
     if handle is not None:
         return handle(value)

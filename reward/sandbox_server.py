@@ -202,7 +202,7 @@ def describe_names(namespace, handles):
             wire = to_wire(value, handle=handles.ref)
             if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
                 wire = handles.ref(value)
-        except (CodecError, RecursionError, ValueError):
+        except (CodecError, RecursionError, TypeError, ValueError):
             wire = handles.ref(value)
         names[name] = ["value", wire]
     return names
@@ -247,7 +247,7 @@ def answer_call(msg, handles):
         mutated = [[i, to_wire(a, handle=handles.ref)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
         mutated_kw = [[k, to_wire(v, handle=handles.ref)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
         return {"op": "ok", "result": to_wire(result, handle=handles.ref), "args": mutated, "kwargs": mutated_kw}
-    except (CodecError, RecursionError) as e:
+    except (CodecError, RecursionError, TypeError, ValueError) as e:
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
 
