@@ -4,7 +4,8 @@ Stdlib only and free of `from __future__`: this source is also prepended to the
 sandbox servers' sources, which run in a bare interpreter (`python -I -S -c`).
 
 Only None, bool, int, float (inf and nan included), complex, str, bytes,
-bytearray, list, tuple, dict, set and frozenset cross, nested at most
+bytearray, list, tuple, dict, set and frozenset (and those built-in types
+themselves, with `object` and `type`, by name) cross, nested at most
 `MAX_DEPTH` deep, at most `MAX_ITEMS` values and `MAX_BYTES` bytes per message.
 JSON null, booleans, integers of at most 63 bits and strings stand for
 themselves; every other value is a JSON list whose first element names its type
@@ -30,6 +31,12 @@ MAX_ITEMS = 1_000_000
 MAX_BYTES = 16 << 20
 MAX_INT_BITS = 1 << 20
 _JSON_INT_BITS = 63  # larger integers cross in hexadecimal (no decimal digit limit applies)
+
+
+# Built-in types cross by name (a test may pass `int` to a program that filters by type).
+_TYPES = {t.__name__: t for t in (bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,
+                                  frozenset, object, type)}
+_TYPE_NAMES = {t: name for name, t in _TYPES.items()}
 
 
 class CodecError(ValueError):
@@ -91,6 +98,8 @@ def to_wire(value, depth=0, budget=None, handle=None):
         return ["frozenset", [to_wire(v, d, budget, handle) for v in frozenset.__iter__(value)]]
     if issubclass(kind, set):
         return ["set", [to_wire(v, d, budget, handle) for v in set.__iter__(value)]]
+    if kind is type and value in _TYPE_NAMES:
+        return ["type", _TYPE_NAMES[value]]
     if handle is not None:
         return handle(value)
     raise CodecError(f"a value of type {type(value).__name__} is not plain data")
@@ -149,6 +158,8 @@ def from_wire(obj, depth=0, budget=None, handle=None):
             return _bytes(rest[0])
         if tag == "bytearray" and len(rest) == 1:
             return bytearray(_bytes(rest[0]))
+        if tag == "type" and len(rest) == 1 and rest[0] in _TYPES:
+            return _TYPES[rest[0]]
         if tag == "handle" and len(rest) == 1 and handle is not None:
             if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
                 raise CodecError("bad handle")
