@@ -8,8 +8,8 @@ nor trace it, nor read its memory.
 Per run the host takes a spare test process (forked before the request, see
 `reward/sandbox_spares.py`) and sends it the test code (in a memfd) and one end
 of a socket whose other end the program's run process holds. It reads the
-program's top-level names, binds them in a new `__main__` namespace (callables
-plain data by value, stdlib modules by importing them here, everything else as
+program's top-level names, binds them in a new `__main__` namespace (plain
+data by value, stdlib modules by importing them here, everything else as
 a `Handle`; never over a built-in name), then executes the tests. Each use of a
 handle (a call, an attribute, `len`, `==` with another handle, ...) sends plain
 data and handles, and gets back plain data or handles, the arguments the call
@@ -83,7 +83,7 @@ class Channel:
         try:
             wire_args, wire_kwargs = to_wire(list(args), handle=_handle_wire), to_wire(dict(kwargs), handle=_handle_wire)
         except (CodecError, RecursionError) as e:
-            raise self.fail(Unverifiable(f"an argument of {op} cannot cross to the program: {e}")) from None
+            raise self.fail(Unverifiable(f"the tests pass the program a value that cannot cross ({op}): {e}")) from None
         reply = self.request({"op": "call", "fn": op, "args": wire_args, "kwargs": wire_kwargs})
         kind = reply.get("op")
         if kind == "ok":
