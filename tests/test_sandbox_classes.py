@@ -16,7 +16,9 @@ import pytest
 
 from jaxrl import metrics as M
 from jaxrl.cli import main
-from jaxrl.eval import stats
+from jaxrl.eval import EvalSettings, metrics_of, stats
+from jaxrl.eval.evaluate import summarize
+from jaxrl.eval.report import report_markdown
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits
 from reward.schema import AssertTests, Prediction, load_tasks, write_predictions
@@ -127,6 +129,11 @@ def test_aggregates_and_eval_columns_leave_unverifiable_rows_out():
     assert values["clean/lru_cache"]["damage"] == 0.0 and values["clean/lru_cache"]["noop"] == 1.0
     assert math.isnan(values[UNVERIFIABLE]["damage"])
     assert stats.columns(tasks, values, clean=True)["damage"]["value"] == 0.0
+    summary = summarize(tasks, [], scores, EvalSettings(), {})  # eval's summary.json and report.md
+    assert summary["unverifiable"] == {"count": 2, "tasks": 1, "reasons": {"a value of the tests cannot cross": 2}}
+    assert summary["clean"]["damage"]["value"] == 0.0 and metrics_of(summary)["unverifiable"] == 2.0
+    assert "unverifiable (the judge could not verify them; left out of every column): 2 predictions" \
+        in report_markdown(summary)
 
 
 def test_trainer_metrics_count_unverifiable_rollouts_and_leave_them_out_of_rollout_means():
