@@ -343,6 +343,47 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
                                "def work():\n    t = threading.Thread(target=result.append, args=(1,))\n    t.start()\n"
                                "    t.join()\n    return len(result)\nif __name__ == '__main__':\n    MAIN = True\n",
                                "assert MAIN is True\nassert work() == 1\n"),
+    "objects_with_operators_hashing_and_copies": (textwrap.dedent('''
+        import functools
+        @functools.total_ordering
+        class P:
+            def __init__(self, v):
+                self.v = v
+            def __lt__(self, o):
+                return self.v < o.v
+            def __eq__(self, o):
+                return isinstance(o, P) and self.v == o.v
+            def __hash__(self):
+                return hash(self.v)
+            def __str__(self):
+                return f"P{self.v}"
+            def __add__(self, k):
+                return P(self.v + k)
+            def __radd__(self, k):
+                return P(self.v + k)
+            def __getitem__(self, i):
+                return [self.v][i]
+        def make(n):
+            return [P(i) for i in range(n)]
+'''), textwrap.dedent('''
+        import copy
+        a, b, c = make(3)
+        assert sorted([c, a, b]) == [a, b, c]
+        assert copy.deepcopy(a) == a and copy.deepcopy(a) is not a
+        assert str(a) == "P0" and f"{b}" == "P1" and (a + 2) == c and (2 + a) == c
+        assert {a: 1}[P(0)] == 1 and a in {a, b}
+        assert a[0] == 0 and max(make(4)).v == 3
+        x = a
+        x += 1
+        assert x == b
+        try:
+            a < 1
+        except TypeError:
+            pass
+        else:
+            raise AssertionError
+        assert (a == 0) is False and (a != 0) is True
+''')),
 }
 
 RIGHT_IO: dict[str, tuple[str, str, str]] = {
