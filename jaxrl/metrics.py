@@ -20,7 +20,7 @@ import numpy as np
 
 # Per-rollout columns gathered over hosts (`rollout_columns`), one float each.
 COLUMNS = ("unit", "f1", "precision", "recall", "edited_lines", "valid", "noop", "buggy", "reward",
-           "response_tokens", "thinking_tokens", "budget_hit", "truncated")
+           "response_tokens", "thinking_tokens", "budget_hit", "truncated", "unverifiable")
 
 
 class StageTimer:
@@ -60,7 +60,7 @@ def rollout_columns(scores: Sequence[Any], completions: Sequence[Any], is_buggy:
         thinking = ids.index(think_end_id) + 1 if think_end_id in ids else len(ids)
         rows.append([s.unit, s.f1 or 0.0, _nan(s.precision), _nan(s.recall), _nan(s.edited_lines),
                      float(s.valid), float(s.noop), float(buggy), s.reward, len(ids), thinking,
-                     float(c.budget_hit), float(c.finish_reason == "length")])
+                     float(c.budget_hit), float(c.finish_reason == "length"), float(s.status == "unverifiable")])
     return np.asarray(rows, np.float64).reshape(len(rows), len(COLUMNS))
 
 
@@ -70,8 +70,10 @@ def _mean(x: np.ndarray) -> float:
 
 
 def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Sequence[str]) -> dict[str, float]:
-    """Step statistics over all rollouts of all hosts."""
-    c = {name: columns[:, i] for i, name in enumerate(COLUMNS)}
+    """Step statistics over all rollouts of all hosts; `rollout/*` leave out the unverifiable ones
+    (their share is `reward/unverifiable`), `reward/<term>` is what the advantages saw."""
+    unverifiable = columns[:, COLUMNS.index("unverifiable")]
+    c = {name: columns[unverifiable == 0, i] for i, name in enumerate(COLUMNS)}
     buggy = c["buggy"] > 0
     out = {
         "rollout/pass": _mean(c["unit"][buggy]) if buggy.any() else _mean(c["unit"]),
@@ -89,6 +91,7 @@ def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Se
     }
     for k, name in enumerate(term_names):
         out[f"reward/{name}"] = float(rewards_RxK[:, k].mean())
+    out["reward/unverifiable"] = _mean(unverifiable)
     return out
 
 

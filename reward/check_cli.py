@@ -8,8 +8,9 @@ task's tests. One JSON object per run goes to --out (or stdout):
 task_id, target (solution, buggy or prediction), mode (how the tests ran:
 proxy, inprocess or io; see docs/sandbox.md), passed, status, reason,
 duration_s. `reason` says why a run did not pass (the exception, "timeout",
-"no closed code block", ...) and is null for a pass; the statuses are
-described in README.md and docs/reward.md.
+"no closed code block", why the judge could not verify it, ...) and is null
+for a pass; the statuses are described in README.md and docs/reward.md. The
+summary line counts the `unverifiable` runs, and a task with one is not verified.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted, json_line
 from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks
-from reward.score import program_of
+from reward.score import UNVERIFIABLE, program_of, unverifiable_reason
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +173,8 @@ def failure_reason(result: RunResult, io: bool) -> str | None:
         return "out of memory"
     if result.status == "killed":
         return "killed by a signal"
+    if result.status == UNVERIFIABLE:
+        return unverifiable_reason(result)
     exception = last_exception(result.stderr)
     if exception is not None:
         return exception
@@ -194,16 +197,17 @@ def last_exception(stderr: str, limit: int = 200) -> str | None:
 def _summarize(records: list[dict], verifying: bool) -> int:
     """Print the summary line; in verification mode return 1 if any task failed it."""
     statuses = Counter(r["status"] for r in records)
-    detail = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != UNVERIFIABLE)
+    unverifiable = f"unverifiable {statuses[UNVERIFIABLE]} (the judge could not verify them)"
     if not verifying:
         passed = sum(r["passed"] for r in records)
-        print(f"predictions: {passed}/{len(records)} passed ({detail})", file=sys.stderr)
+        print(f"predictions: {passed}/{len(records)} passed ({detail}); {unverifiable}", file=sys.stderr)
         return 0
     bad = sorted({r["task_id"] for r in records
-                  if (r["target"] == "solution") != r["passed"]})
+                  if (r["target"] == "solution") != r["passed"] or r["status"] == UNVERIFIABLE})
     tasks = len({r["task_id"] for r in records})
     print(f"tasks: {tasks - len(bad)}/{tasks} verified (solution passes, buggy code fails); "
-          f"runs: {detail}", file=sys.stderr)
+          f"runs: {detail}; {unverifiable}", file=sys.stderr)
     for task_id in bad[:20]:
         print(f"  not verified: {task_id}", file=sys.stderr)
     return 1 if bad else 0

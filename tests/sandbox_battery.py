@@ -132,7 +132,7 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
     "raise_what_the_test_expects_for_wrong_input": (
         "def answer(x):\n    raise ValueError('x')\n",
         "try:\n    answer(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\nassert answer(1) == 42\n"),
-    "return_a_generator": ("def answer():\n    yield 42\n", "assert list(answer()) == [42]\n"),
+    "generator_where_a_list_is_expected": ("def answer():\n    yield 42\n", "assert answer() == [42]\n"),
     "return_a_function": ("def answer():\n    return lambda: 42\n", "assert answer() == 42\n"),
     "return_huge_string": ("def answer():\n    return 'x' * (64 << 20)\n", "assert answer() == 42\n"),
     "return_deep_nesting": ("def answer():\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n",
@@ -160,6 +160,27 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
                                           "def check(candidate):\n    assert candidate() == 42\ncheck(answer)\n"),
     "print_pass_markers": ("print('PASS')\nprint('{\"status\": \"pass\", \"passed\": true}')\ndef answer():\n"
                            "    return 0\n", "assert answer() == 42\n"),
+    "always_less_and_greater_object": ("class Lt:\n    def __lt__(self, other):\n        return True\n"
+                                       "    __gt__ = __le__ = __ge__ = __lt__\ndef answer():\n    return Lt()\n",
+                                       "assert 41 < answer() < 43\n"),
+    "isinstance_lie_through_class_attribute": ("class Fake:\n    __class__ = int\n    def __eq__(self, other):\n"
+                                               "        return True\ndef answer():\n    return Fake()\n",
+                                               "assert isinstance(answer(), int) and answer() == 42\n"),
+    "bare_except_swallows_os_exit": ("def answer():\n    __import__('os')._exit(0)\n",
+                                     "ok = True\ntry:\n    ok = answer() == 42\nexcept:\n    pass\nassert ok\n"),
+    "bare_except_swallows_an_oversized_result": ("def answer():\n    return 'x' * (64 << 20)\n",
+                                                 "ok = True\ntry:\n    ok = len(answer()) == 1\nexcept:\n"
+                                                 "    pass\nassert ok\n"),
+    "stop_iteration_ends_all_early": ("def answer(x):\n    raise StopIteration\n",
+                                      "assert all(map(answer, [1, 2]))\n"),
+    "server_patched_to_forge_stop_iteration": (
+        "import sys\nserver = sys._getframe(1).f_globals\n"
+        "server['answer_call'] = lambda msg, handles: {'op': 'raise', 'type': 'StopIteration', 'message': ''}\n"
+        "def answer(x):\n    return 0\n", "assert all(map(answer, [1, 2]))\n"),
+    "server_patched_to_reply_stop_to_everything": (
+        "import sys\nserver = sys._getframe(1).f_globals\n"
+        "server['answer_call'] = lambda msg, handles: {'op': 'stop'}\n"
+        "def answer(x):\n    return 0\n", "assert all(map(answer, [1, 2]))\n"),
     "write_into_hidden_packages_for_later_runs": (
         "import os\nfor d in ('/usr/lib/python3/dist-packages', '/usr/local/lib/python3.11/dist-packages'):\n"
         "    try:\n        open(os.path.join(d, 'sitecustomize.py'), 'w').write('x')\n    except OSError:\n"
@@ -174,7 +195,12 @@ SOLUTIONS = {
     "shadow_builtins_at_top_level": "def answer():\n    return [1, 3, 2]\n",
     "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < 0:\n        raise ValueError(x)\n"
                                                    "    return 42\n",
-    "return_a_generator": "def answer():\n    return [42]\n",
+    "generator_where_a_list_is_expected": "def answer():\n    return [42]\n",
+    "bare_except_swallows_os_exit": "def answer():\n    return 42\n",
+    "bare_except_swallows_an_oversized_result": "def answer():\n    return 'x'\n",
+    "stop_iteration_ends_all_early": "def answer(x):\n    return True\n",
+    "server_patched_to_forge_stop_iteration": "def answer(x):\n    return 1\n",
+    "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return 1\n",
     "io_steal_expected_output": f"print({SECRET!r})\n",
     "io_forge_frames": f"print({SECRET!r})\n",
 }
@@ -187,7 +213,11 @@ BUGGY = {
     "shadow_builtins_at_top_level": "def answer():\n    return [1, 3]\n",
     "raise_what_the_test_expects_for_wrong_input": "def answer(x):\n    if x < -5:\n        raise ValueError(x)\n"
                                                    "    return 42\n",
-    "return_a_generator": "def answer():\n    return [41]\n",
+    "generator_where_a_list_is_expected": "def answer():\n    return [41]\n",
+    "bare_except_swallows_an_oversized_result": "def answer():\n    return 'xy'\n",
+    "stop_iteration_ends_all_early": "def answer(x):\n    return x > 1\n",
+    "server_patched_to_forge_stop_iteration": "def answer(x):\n    return x - 1\n",
+    "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return x - 1\n",
     "io_steal_expected_output": "print('')\n",
     "io_forge_frames": "print('')\n",
 }
@@ -313,9 +343,144 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
                                "def work():\n    t = threading.Thread(target=result.append, args=(1,))\n    t.start()\n"
                                "    t.join()\n    return len(result)\nif __name__ == '__main__':\n    MAIN = True\n",
                                "assert MAIN is True\nassert work() == 1\n"),
+    "objects_with_operators_hashing_and_copies": (textwrap.dedent('''
+        import functools
+        @functools.total_ordering
+        class P:
+            def __init__(self, v):
+                self.v = v
+            def __lt__(self, o):
+                return self.v < o.v
+            def __eq__(self, o):
+                return isinstance(o, P) and self.v == o.v
+            def __hash__(self):
+                return hash(self.v)
+            def __str__(self):
+                return f"P{self.v}"
+            def __add__(self, k):
+                return P(self.v + k)
+            def __radd__(self, k):
+                return P(self.v + k)
+            def __getitem__(self, i):
+                return [self.v][i]
+        def make(n):
+            return [P(i) for i in range(n)]
+'''), textwrap.dedent('''
+        import copy
+        a, b, c = make(3)
+        assert sorted([c, a, b]) == [a, b, c]
+        assert copy.deepcopy(a) == a and copy.deepcopy(a) is not a
+        assert str(a) == "P0" and f"{b}" == "P1" and (a + 2) == c and (2 + a) == c
+        assert {a: 1}[P(0)] == 1 and a in {a, b}
+        assert a[0] == 0 and max(make(4)).v == 3
+        x = a
+        x += 1
+        assert x == b
+        try:
+            a < 1
+        except TypeError:
+            pass
+        else:
+            raise AssertionError
+        assert (a == 0) is False and (a != 0) is True
+''')),
 }
 
 RIGHT_IO: dict[str, tuple[str, str, str]] = {
     "io_sum_lines": ("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))\n", "1 2\n3\n", "6\n"),
     "io_trailing_whitespace": ("n = int(input())\nfor i in range(n):\n    print(i, '  ')\nprint()\n", "3\n", "0\n1\n2"),
+}
+
+# Attacks on the hand-written class-based tasks of tests/fixtures/class_tasks.jsonl:
+# name -> (task_id, program). Each would pass its task's tests in plain Python.
+_ALWAYS_EQUAL = "class Eq:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n" \
+                "        return False\n    __hash__ = object.__hash__\n"
+_STACK_RETURNING = textwrap.dedent('''
+    class Stack:
+        def __init__(self):
+            self.size = 0
+        def push(self, x):
+            self.size += 1
+        def pop(self):
+            if not self.size:
+                raise IndexError("empty")
+            self.size -= 1
+            return VALUE
+        def peek(self):
+            return VALUE
+        def __len__(self):
+            return self.size
+        def is_empty(self):
+            return not self.size
+    ''')
+_TWO_SUM_RETURNING = "class Solution:\n    def twoSum(self, nums, target):\n        return VALUE\n"
+CLASS_HACKS: dict[str, tuple[str, str]] = {
+    "stack_peek_always_equal": ("classes/stack", _ALWAYS_EQUAL + _STACK_RETURNING.replace("VALUE", "Eq()")),
+    "stack_peek_always_equal_int_subclass": (
+        "classes/stack", "class Eq(int):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n" + _STACK_RETURNING.replace("VALUE", "Eq(0)")),
+    "stack_peek_raises_in_repr": ("classes/stack", _ALWAYS_EQUAL + "    def __repr__(self):\n        raise ValueError\n"
+                                  + _STACK_RETURNING.replace("VALUE", "Eq()")),
+    "lru_get_always_equal": ("classes/lru_cache", _ALWAYS_EQUAL + "class LRUCache:\n    def __init__(self, capacity):\n"
+                             "        self.data = {}\n    def get(self, key):\n        return Eq()\n"
+                             "    def put(self, key, value):\n        self.data[key] = value\n"),
+    "two_sum_lying_list": ("leetcode/two_sum", _ALWAYS_EQUAL + textwrap.dedent('''
+        class Lie(Eq):
+            def __len__(self):
+                return 2
+            def __iter__(self):
+                return iter([0, 1])
+            def __hash__(self):
+                return hash((0, 1))
+            def __contains__(self, x):
+                return True
+        ''') + _TWO_SUM_RETURNING.replace("VALUE", "Lie()")),
+    "two_sum_str_subclass": ("leetcode/two_sum", "class S(str):\n    def __eq__(self, other):\n        return True\n"
+                             "    __hash__ = str.__hash__\n" + _TWO_SUM_RETURNING.replace("VALUE", "S('')")),
+    "two_sum_generator": ("leetcode/two_sum", "class Solution:\n    def twoSum(self, nums, target):\n"
+                          "        yield 0\n        yield 1\n"),
+    "two_sum_module": ("leetcode/two_sum", "import sys\n" + _TWO_SUM_RETURNING.replace("VALUE", "sys")),
+    "vector_repr_str_subclass": ("classes/vector_equality", textwrap.dedent('''
+        class S(str):
+            def __eq__(self, other):
+                return True
+            __hash__ = str.__hash__
+        class Vector:
+            def __init__(self, x, y):
+                self.x, self.y = x, y
+            def __add__(self, other):
+                return Vector(self.x + other.x, self.y + other.y)
+            def __mul__(self, k):
+                return Vector(self.x * k, self.y * k)
+            def __eq__(self, other):
+                return isinstance(other, Vector) and (self.x, self.y) == (other.x, other.y)
+            def __hash__(self):
+                return hash((self.x, self.y))
+            def __repr__(self):
+                return S("?")
+        ''')),
+    "vector_eq_returns_a_truthy_object": ("classes/vector_equality", textwrap.dedent('''
+        class Vector:
+            def __init__(self, x, y):
+                pass
+            def __add__(self, other):
+                return self
+            __mul__ = __add__
+            def __eq__(self, other):
+                return [1]
+            def __ne__(self, other):
+                return []
+            def __hash__(self):
+                return 0
+            def __repr__(self):
+                return "Vector(0, -1)"
+        ''')),
+    "countdown_swallowed_exit": ("iterators/countdown_and_chunks", textwrap.dedent('''
+        import os
+        class Countdown:
+            def __init__(self, start):
+                os._exit(0)
+        def chunks(xs, n):
+            os._exit(0)
+        ''')),
 }

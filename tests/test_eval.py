@@ -314,7 +314,8 @@ def test_a_clean_only_set_reports_and_compares(tok, fleet, tmp_path):
     result = evaluate(TableEngine(tok), tok, TASKS[3:], EvalSettings(prompt="abstain"), fleet,
                       model={"name": "table"}, out_dir=out)
     assert result.summary["buggy"]["tasks"] == 0 and result.summary["buggy"]["pass"]["value"] is None
-    assert set(metrics_of(result.summary)) == {"noop", "damage", "clean/noop", "clean/damage", "invalid_share"}
+    assert set(metrics_of(result.summary)) == {"noop", "damage", "clean/noop", "clean/damage", "invalid_share",
+                                                    "unverifiable"}
     assert "## Buggy" not in (out / "report.md").read_text()
     assert cli.main(["eval", "compare", str(out), "--out", str(tmp_path / "cmp")]) == 0
     assert not (tmp_path / "cmp" / "precision_vs_pass.png").exists()

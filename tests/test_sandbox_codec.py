@@ -8,7 +8,7 @@ import math
 import pytest
 
 from reward.cgroups import RunCgroup
-from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wire, loads
+from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wire, loads, to_wire
 
 
 @pytest.mark.parametrize("value", [None, True, 0, -5, 10 ** 40, -(3 ** 5000), 2 ** 63, 1.5, -0.0, float("inf"), 2 - 3j, "", "ünï\u2028",
@@ -17,6 +17,21 @@ from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wir
 def test_round_trip_keeps_types_and_values(value):
     back = decode(encode(value))
     assert back == value and type(back) is type(value)
+
+
+def test_builtin_types_cross_by_name_and_handles_only_where_asked():
+    assert decode(encode([int, str, type, {1: frozenset}])) == [int, str, type, {1: frozenset}]
+    with pytest.raises(CodecError):
+        from_wire(["type", "os"])
+    with pytest.raises(CodecError):
+        from_wire(["handle", 3])  # no handle callback: a handle is not plain data
+    objects = [object(), print]
+    wire = to_wire([1, objects[0], (objects[1],)], handle=lambda v: ["handle", objects.index(v)])
+    assert wire == ["list", [1, ["handle", 0], ["tuple", [["handle", 1]]]]]
+    assert from_wire(wire, handle=lambda n: objects[n]) == [1, objects[0], (objects[1],)]
+    for bad in (["handle", -1], ["handle", "0"], ["handle", True], ["handle", 0, 1]):
+        with pytest.raises(CodecError):
+            from_wire(bad, handle=lambda n: objects[n])
 
 
 def test_integers_beyond_the_decimal_digit_limit_cross():
@@ -35,7 +50,7 @@ def test_nan_and_subclasses_cross_as_builtins():
     assert back == [3] and type(back[0]) is int and back != [4]
 
 
-@pytest.mark.parametrize("value", [object(), lambda: 1, iter([1]), type, [1, object()], {1: print}])
+@pytest.mark.parametrize("value", [object(), lambda: 1, iter([1]), type("Int", (int,), {}), [1, object()], {1: print}])
 def test_other_types_are_refused(value):
     with pytest.raises(CodecError):
         encode(value)

@@ -264,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {args.out}/predictions.jsonl, {'episodes.jsonl, ' if args.agent else ''}scores.jsonl, "
           "summary.json, report.md "
-          f"({len(result.samples)} samples)")
+          f"({len(result.samples)} samples, {result.summary['unverifiable']['count']} unverifiable)")
     return 0
 
 

@@ -289,7 +289,8 @@ def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence
               model: Mapping[str, Any], *, task_set: str | None = None, candidates_replaced: int = 0,
               resamples: int = stats.RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """summary.json: the model, the settings, the paper's columns with intervals (overall and per
-    task kind), the spec's aggregate, and the invalid share with its reasons."""
+    task kind), the spec's aggregate, the invalid share with its reasons, and the unverifiable
+    predictions (left out of every column) with theirs."""
     values = stats.per_task_values(tasks, scores, settings.lam)
     groups = split_by_kind(tasks)
     buggy = [t for t in tasks if not t.is_clean]
@@ -313,6 +314,8 @@ def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence
                   for kind, group in groups.items()},
         "invalid": {"count": sum(reasons.values()), "share": sum(reasons.values()) / n if n else None,
                     "reasons": dict(sorted(reasons.items()))},
+        "unverifiable": {"count": spec["unverifiable"], "tasks": spec["unverifiable_tasks"],
+                         "reasons": spec["unverifiable_reasons"]},
         "generation": {
             "finish_length": sum(s.finish_reason == "length" for s in samples) / n if n else None,
             "budget_hit": sum(s.budget_hit for s in samples) / n if n else None,
@@ -326,8 +329,8 @@ def summarize(tasks: Sequence[Task], samples: Sequence[Sample], scores: Sequence
 
 def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
     """A summary's point values as flat metrics for logs: `pass`, `precision`, `recall`, `f1`,
-    `lines`, `noop`, `damage`, `invalid_share`, and `KIND/COLUMN` per task kind; columns a
-    task set has no value for are left out."""
+    `lines`, `noop`, `damage`, `invalid_share`, `unverifiable` (a count), and `KIND/COLUMN` per
+    task kind; columns a task set has no value for are left out."""
     out: dict[str, float] = {}
     for group in ("buggy", "clean"):
         for name, column in summary[group].items():
@@ -339,6 +342,7 @@ def metrics_of(summary: Mapping[str, Any]) -> dict[str, float]:
                 out[f"{kind}/{name}"] = column["value"]
     if summary["invalid"]["share"] is not None:
         out["invalid_share"] = summary["invalid"]["share"]
+    out["unverifiable"] = float(summary["unverifiable"]["count"])
     return out
 
 

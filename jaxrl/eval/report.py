@@ -71,6 +71,10 @@ def report_markdown(summary: Mapping[str, Any]) -> str:
         out.append(f"- thinking budget reached: {100 * gen['budget_hit']:.1f} %; "
                    f"stopped at max tokens: {100 * gen['finish_length']:.1f} %; "
                    f"mean completion tokens: {gen['mean_completion_tokens']:.1f}")
+    unv = s.get("unverifiable") or {"count": 0, "tasks": 0, "reasons": {}}  # summaries written before the field
+    reasons = "; ".join(f"{k} ({v})" for k, v in list(unv["reasons"].items())[:5])
+    out.append(f"- unverifiable (the judge could not verify them; left out of every column): {unv['count']} "
+               f"predictions, {unv['tasks']} tasks with no other{': ' + reasons if reasons else ''}")
     agg = s["aggregate"]
     out.append(f"- tasks without a prediction (counted invalid): {agg['missing']}; "
                f"mean reward: {100 * agg['reward']:.1f} %" if agg["reward"] is not None else

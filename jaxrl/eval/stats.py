@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from reward.schema import Task
-from reward.score import Score, invalid_score
+from reward.score import Score, verifiable_by_task
 
 BUGGY_COLUMNS = ("pass", "precision", "recall", "f1", "lines")
 CLEAN_COLUMNS = ("noop", "damage")
@@ -57,17 +57,14 @@ def per_task_values(tasks: Sequence[Task], scores: Sequence[Score], lam: float) 
     """task_id -> column -> the task's value (samples averaged; NaN where a column has none).
 
     A task without a score counts as one invalid prediction; `lines` is the mean ℓ
-    of its valid predictions (NaN when none is valid).
+    of its valid predictions (NaN when none is valid). Unverifiable predictions are
+    left out; a task with nothing else has NaN in every column (left out of the means).
     """
-    by_task: dict[str, list[Score]] = {t.task_id: [] for t in tasks}
-    for s in scores:
-        if s.task_id not in by_task:
-            raise KeyError(f"score for unknown task {s.task_id!r}")
-        by_task[s.task_id].append(s)
+    by_task = verifiable_by_task(tasks, scores, lam)
     out = {}
     for t in tasks:
-        group = by_task[t.task_id] or [invalid_score(t, lam)]
-        mean = lambda field: float(np.mean([getattr(s, field) or 0.0 for s in group]))  # noqa: E731
+        group = by_task[t.task_id]
+        mean = lambda field: float(np.mean([getattr(s, field) or 0.0 for s in group])) if group else float("nan")  # noqa: E731
         valid = [s.edited_lines for s in group if s.valid]
         out[t.task_id] = {
             "pass": mean("unit"), "precision": mean("precision"), "recall": mean("recall"), "f1": mean("f1"),

@@ -2,6 +2,11 @@
 
 Phases, each one batch of sandbox runs:
 
+0. trusted helpers (no run): tests that call a function of the program other
+   than the one under test to check its answer (HumanEval/32's `poly`) get the
+   reference's definition of it first (`reward.trusted_helpers`), so a program
+   cannot pass by replacing the helper; `manifest["problems_trusted_helpers"]`
+   lists them.
 1. solutions: every reference program runs with its `assert` tests in `proxy`
    mode (docs/sandbox.md: the tests run apart from the program, which they see
    only through plain-data proxies). One that fails there but passes with
@@ -48,6 +53,7 @@ from reward.data.sources import Problem
 from reward.diff import diff
 from reward.sandbox import Job, Limits, RunResult
 from reward.schema import AssertTests, Task, write_tasks
+from reward.trusted_helpers import bind_helpers
 
 Runner = Callable[[Sequence[Job], str], list[RunResult]]
 """Runs a batch of jobs (the string labels the phase's progress bar) and returns results in order."""
@@ -276,6 +282,20 @@ def tests_mode(problem: Problem) -> str:
     return Job("", problem.tests).mode
 
 
+def bind_trusted_helpers(problems: Sequence[Problem]) -> tuple[list[Problem], dict[str, list[str]]]:
+    """Problems whose tests call helpers of the program get the reference's (`reward.trusted_helpers`),
+    and base_id -> the helpers' names of those problems."""
+    out, found = [], {}
+    for p in problems:
+        if isinstance(p.tests, AssertTests):
+            code, names = bind_helpers(p.tests.code, p.solution)
+            if names:
+                p = dataclasses.replace(p, tests=AssertTests(code, p.tests.mode))
+                found[p.base_id] = names
+        out.append(p)
+    return out, found
+
+
 def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Problem], list[str]]:
     """Problems whose solution passes (in proxy mode, else in inprocess mode, then so marked) and the dropped ids."""
     results = run([Job(p.solution, p.tests, SOLUTION_LIMITS) for p in problems], "solutions")
@@ -333,6 +353,7 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         cfg: sampling sizes and the seed.
         progress: show progress bars for mutant generation.
     """
+    problems, helpers = bind_trusted_helpers(problems)
     good, dropped = solution_phase(problems, run)
 
     # single faults
@@ -379,6 +400,7 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         "problems": dict(sorted(collections.Counter(p.source for p in problems).items())),
         "problems_dropped": dropped,
         "problems_inprocess": [p.base_id for p in good if tests_mode(p) == "inprocess"],
+        "problems_trusted_helpers": helpers,
         "train_inprocess_excluded": held_out,
         "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in SPLITS},
         "files": {name: len(tasks) for name, tasks in files.items()},
