@@ -66,6 +66,8 @@ SPARES_SOURCE = CODEC_SOURCE + "\n" + (_HERE / "sandbox_spares.py").read_text()
 ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_text(),
                            (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
+# Part of every job's cache key: a verdict cached by other sandbox code is not reused.
+SANDBOX_DIGEST = hashlib.sha256((ZYGOTE_SOURCE + JUDGE_SOURCE).encode()).hexdigest()[:16]
 # Real uids handed to sandboxes when running as root (two per live worker). Far above the
 # ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks), so
 # no other process shares a sandbox's uid or its process count.
@@ -134,11 +136,9 @@ class Job:
     retry_timeout: bool = True
 
     def key(self) -> str:
-        """Content address of the run: identical keys give identical verdicts."""
-        limits = dataclasses.asdict(self.limits)
-        if not limits["loopback"]:
-            del limits["loopback"]  # the addresses of jobs from before the field stay the same
-        blob = json.dumps([self.program, tests_to_json(self.tests), limits], sort_keys=True, ensure_ascii=True)
+        """Content address of the run (with the sandbox's own code): identical keys give identical verdicts."""
+        parts = [self.program, tests_to_json(self.tests), dataclasses.asdict(self.limits), SANDBOX_DIGEST]
+        blob = json.dumps(parts, sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @property
