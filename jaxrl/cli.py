@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
     "generate": ("jaxrl.generate_cli", "sample completions for JSONL prompts with the jax, sglang or openai engine"),
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
+    "pool": ("jaxrl.pool_cli", "sample n completions per training task and score them: the baselines' pool"),
     "select": ("jaxrl.select_cli", "select SFT targets, DPO pairs or RECAP refiner examples from a scored pool"),
     "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
 }
