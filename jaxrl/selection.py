@@ -262,3 +262,15 @@ def recap_example(candidate: RecapCandidate, task: Task, trace: str | None = Non
             "target_source": candidate.target_source,
             "messages": messages("refine", task.prompt, task.buggy_code, candidate.candidate),
             "response": response}
+
+
+TEACHER_NOTE = ("The correct minimal fix is:\n\n```python\n{target}\n```\n\n"
+                "Think it through as you would before answering: which of the candidate's changes are needed, "
+                "which are not, and what is still wrong. Write only that reasoning, no code.")
+
+
+def teacher_messages(candidate: RecapCandidate, task: Task) -> list[dict[str, str]]:
+    """What a teacher model is asked for a reasoning trace: the refine prompt, then the target it must reach."""
+    shown = messages("refine", task.prompt, task.buggy_code, candidate.candidate)
+    note = TEACHER_NOTE.format(target=candidate.target.rstrip())
+    return shown[:-1] + [{"role": "user", "content": f"{shown[-1]['content']}\n\n{note}"}]

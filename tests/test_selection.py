@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_openai import FakeOpenAI
 
 from jaxrl.cli import main
 from jaxrl.selection import (SelectionError, mix_recap, parse_ratio, read_pool, recap_candidates, recap_example,
@@ -243,20 +244,50 @@ def test_select_commands_write_the_rows(tmp_path, capsys, monkeypatch):
 
 
 def test_select_recap_command(tmp_path, capsys):
-    pool = write_pool(tmp_path, [])
-    (pool / "pool.jsonl").write_text("".join(json.dumps(dict(
-        task_id=r.task_id, sample=r.sample, text=r.text, unit=r.unit, valid=r.valid, precision=r.precision,
-        edited_lines=r.edited_lines)) + "\n" for r in recap_pool()))
-    write_tasks(tmp_path / "tasks.jsonl", [TASK])
-    rc, err = _run(["select", "recap", "--pool", pool, "--tasks", tmp_path / "tasks.jsonl",
+    pool, tasks = _write_recap_inputs(tmp_path)
+    rc, err = _run(["select", "recap", "--pool", pool, "--tasks", tasks,
                     "--out", tmp_path / "recap.jsonl"], capsys)
     assert rc == 0, err
     assert "available: trim 3, repair 1, keep 1" in err
     assert [r["kind"] for r in read_out(tmp_path / "recap.jsonl")] == ["trim", "repair", "keep", "trim", "trim"]
 
 
+def _write_recap_inputs(tmp_path):
+    pool = write_pool(tmp_path, [])
+    (pool / "pool.jsonl").write_text("".join(json.dumps(dict(
+        task_id=r.task_id, sample=r.sample, text=r.text, unit=r.unit, valid=r.valid, precision=r.precision,
+        edited_lines=r.edited_lines)) + "\n" for r in recap_pool()))
+    write_tasks(tmp_path / "tasks.jsonl", [TASK])
+    return pool, tmp_path / "tasks.jsonl"
+
+
+def test_select_recap_with_a_teacher_trace(tmp_path, capsys):
+    pool, tasks = _write_recap_inputs(tmp_path)
+    with FakeOpenAI({"The correct minimal fix is": "Only the sign is wrong; y is not needed.\n</think>\n\nDone."},
+                    model="teacher") as teacher:
+        rc, err = _run(["select", "recap", "--pool", pool, "--tasks", tasks, "--ratio", "1:1:1",
+                        "--teacher-base-url", teacher.base_url, "--teacher-model", "teacher",
+                        "--out", tmp_path / "recap.jsonl"], capsys)
+        requests = list(teacher.requests)
+    assert rc == 0, err
+    rows = read_out(tmp_path / "recap.jsonl")
+    assert len(rows) == len(requests) == 3
+    assert all(r["response"].startswith("<think>\nOnly the sign is wrong; y is not needed.\n</think>\n\n```python\n")
+               for r in rows)
+    path, body = requests[0]
+    assert path.endswith("/chat/completions") and body["model"] == "teacher"
+    assert "Candidate fix:" in body["messages"][-1]["content"] and "return x + 1" in body["messages"][-1]["content"]
+    # A teacher that refuses is one line and no file.
+    with FakeOpenAI({}, model="teacher") as teacher:
+        rc, err = _run(["select", "recap", "--pool", pool, "--tasks", tasks, "--teacher-base-url", teacher.base_url,
+                        "--teacher-model", "teacher", "--out", tmp_path / "none.jsonl"], capsys)
+    assert rc == 2 and "the teacher failed" in err and not (tmp_path / "none.jsonl").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["select", "sft", "--pool", "{pool}", "--top", "0", "--out", "{out}"], "--top must be >= 1"),
+    (["select", "recap", "--pool", "{pool}", "--tasks", "{missing}", "--teacher-model", "m", "--out", "{out}"],
+     "go together"),
     (["select", "sft", "--pool", "{missing}", "--out", "{out}"], "no pool at"),
     (["select", "recap", "--pool", "{pool}", "--tasks", "{missing}", "--out", "{out}"], "--tasks"),
     (["select", "recap", "--pool", "{pool}", "--tasks", "{missing}", "--ratio", "3:1", "--out", "{out}"],
