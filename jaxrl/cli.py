@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
     "pool": ("jaxrl.pool_cli", "sample n completions per training task and score them: the baselines' pool"),
     "select": ("jaxrl.select_cli", "select SFT targets, DPO pairs or RECAP refiner examples from a scored pool"),
+    "supervised": ("jaxrl.supervised_cli", "train a supervised baseline (SFT, DPO, the RECAP refiner) on selected rows"),
     "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
 }
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+import yaml
 from flax import nnx
 
 from jaxrl.config import Config, from_dict
@@ -104,3 +110,54 @@ def test_bad_rows_are_one_line_errors(rows, tmp_path):
     with pytest.raises(SupervisedError, match="fewer than one batch"):
         train_supervised(config(tmp_path / "c"), SupervisedConfig("sft", str(rows / "sft.jsonl"),
                                                                   tasks=str(EXAMPLES), batch_size=5))
+
+
+def _env():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO))
+    return env
+
+
+def _write_config(path, out):
+    path.write_text(yaml.safe_dump({
+        "name": "sup", "data": {"train": str(EXAMPLES)},
+        "model": {"family": "qwen3", "architecture": ARCH, "dtype": "float32", "remat": False},
+        "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1}, "loss": {"logp_chunk": 64},
+        "run": {"out": str(out), "save_every": 1, "tensorboard": False}}))
+    return path
+
+
+@pytest.mark.slow  # 3 to 8 min: two runs of the command in subprocesses
+def test_sigkill_and_resume_give_the_uninterrupted_metrics(rows, tmp_path):
+    command = [sys.executable, "-m", "jaxrl.cli", "supervised", "--objective", "sft", "--rows",
+               str(rows / "sft.jsonl"), "--tasks", str(EXAMPLES), "--epochs", "3", "--batch-size", "2"]
+    whole = _write_config(tmp_path / "whole.yaml", tmp_path / "whole")
+    subprocess.run([*command, "--config", str(whole)], env=_env(), check=True, capture_output=True, timeout=1800)
+    killed = _write_config(tmp_path / "killed.yaml", tmp_path / "killed")
+    proc = subprocess.Popen([*command, "--config", str(killed)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 1800
+    while not (tmp_path / "killed" / "checkpoints" / "3").is_dir() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert done and done[-1] < 6
+    subprocess.run([*command, "--config", str(killed), "--resume"], env=_env(), check=True, capture_output=True,
+                   timeout=1800)
+    assert metrics(tmp_path / "killed") == metrics(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--objective", "sft", "--rows", "{missing}"], "rows:"),
+    (["--objective", "dpo", "--rows", "{missing}", "--beta", "0"], "beta must be > 0"),
+    (["--objective", "sft", "--rows", "{missing}", "--epochs", "0"], "must be >= 1"),
+])
+def test_command_usage_errors_exit_2(tmp_path, capsys, extra, message):
+    from jaxrl.cli import main
+
+    config = _write_config(tmp_path / "c.yaml", tmp_path / "run")
+    argv = ["supervised", "--config", str(config), *[a.format(missing=tmp_path / "none.jsonl") for a in extra]]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
