@@ -4,7 +4,9 @@
 train state, (DPO) the reference log-probs, the jitted sharded step, checkpoints, loop.
 It shares the RL trainer's parts: the model built from `cfg.model` on the mesh of
 `cfg.mesh` with its logical-axis rules, `train_step`'s optimizer, train state and state
-shardings, the `Checkpointer`, the metrics writer. Its run directory holds `config.yaml`
+shardings, the `Checkpointer`, the metrics writer, and validation through the evaluation
+code path (`jaxrl.validate`, every `run.eval_every` steps and at the end, on
+`data.val` and `data.gt_debug` with the configured engine and the fleet). Its run directory holds `config.yaml`
 (the base `Config`, so `load_policy`, `generate --checkpoint` and `eval --checkpoint`
 open it), `supervised.yaml`, `checkpoints/`, `metrics.jsonl` and, for DPO, `pairs.jsonl`.
 
@@ -294,6 +296,8 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
         ckpt.close()
         raise SupervisedError(f"the run is already at step {start} >= {total}; raise steps to extend it")
     writer = M.MetricsWriter(out, cfg.run.tensorboard, start if resume else None)
+    val_tasks = _validation_tasks(cfg)
+    checker = None
 
     # ---- loop
     history = []
@@ -305,6 +309,9 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
             record["epoch"] = step // per_epoch
             record["learning_rate"] = float(ts.make_schedule(cfg.optimizer)(step))
             done = step + 1
+            if val_tasks and ((cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == total):
+                checker = checker or _Validator(cfg, tokenizer, mesh, rules)
+                record |= checker(nnx.merge(graphdef, state.params, rest), val_tasks, cfg.run.seed + done, done)
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == total:
                 ckpt.save(state, rng, {"objective": sup.objective})
             writer.write(done, record)
@@ -312,7 +319,48 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
     finally:
         ckpt.close()
         writer.close()
+        if checker is not None:
+            checker.close()
     return history
+
+
+def _validation_tasks(cfg: Config) -> list:
+    """The val tasks (first `validation.val_tasks`) and GT Debug tasks (first `validation.gt_debug_tasks`)."""
+    build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation) if cfg.data.build else None
+    paths = T.task_paths(cfg.data, build)
+    return (T.read_tasks(paths["val"], "val", cfg.validation.val_tasks)
+            + T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))
+
+
+class _Validator:
+    """The configured engine, the fleet and the reward pipeline, made at the first validation."""
+
+    def __init__(self, cfg: Config, tokenizer: Any, mesh, rules):
+        from jaxrl import rewards as R
+        from reward.fleet import Fleet
+        from reward.sandbox import Limits
+
+        self.cfg, self.tokenizer, self.mesh, self.rules = cfg, tokenizer, mesh, rules
+        self.fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)
+        self.scorer = R.RewardPipeline(self.fleet, cfg.reward.lam, cfg.reward.epsilon,
+                                       Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads)
+        self.engine = None
+
+    def __call__(self, model: nnx.Module, tasks: list, seed: int, step: int) -> dict[str, float]:
+        from jaxrl.trainer import make_engine_for
+        from jaxrl.validate import validate
+
+        if self.engine is None:
+            self.engine = make_engine_for(self.cfg, model, self.tokenizer, self.mesh, self.rules)
+        else:
+            self.engine.update_weights(model, step=step)
+        return validate(self.engine, self.tokenizer, self.scorer, tasks, self.cfg, seed)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.scorer.close()
+        self.fleet.close()
 
 
 def _reference(path: Path, rows, tokens, masks, params, graphdef, rest, mesh, rules, chunk: int,

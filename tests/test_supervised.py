@@ -21,7 +21,7 @@ from flax import nnx
 from jaxrl.config import Config, from_dict
 from jaxrl.supervised import SupervisedConfig, SupervisedError, batch_indices, train_supervised
 from jaxrl.trainer import load_policy
-from reward.schema import load_tasks
+from reward.schema import load_tasks, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "reward" / "examples" / "tasks.jsonl"
@@ -29,12 +29,17 @@ ARCH = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_
             num_key_value_heads=1, head_dim=16, rope_theta=10000.0, tie_word_embeddings=True)
 
 
-def config(out, **optimizer):
+def config(out, gt_debug=None, **optimizer):
+    """The run's config; with `gt_debug` (a file of clean tasks), validation on 2 example tasks and it."""
+    data = {"train": str(EXAMPLES), **({"val": str(EXAMPLES), "gt_debug": str(gt_debug)} if gt_debug else {})}
     return from_dict(Config, {
-        "name": "sup", "data": {"train": str(EXAMPLES)}, "model": {"family": "qwen3", "architecture": ARCH, "dtype": "float32", "remat": False},
+        "name": "sup", "data": data, "reward": {"workers": 2},
+        "validation": {"val_tasks": 2, "max_tokens": 12, "thinking_budget": 6,
+                       "gt_debug_thinking_budget": 6},
+        "model": {"family": "qwen3", "architecture": ARCH, "dtype": "float32", "remat": False},
         "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1, **optimizer},
         "mesh": {"data": 2, "fsdp": -1, "tensor": 1}, "loss": {"logp_chunk": 64},
-        "run": {"out": str(out), "save_every": 1, "tensorboard": False}})
+        "run": {"out": str(out), "save_every": 1, "eval_every": 0, "tensorboard": False}})
 
 
 def fenced(code):
@@ -89,8 +94,12 @@ def test_sft_trains_resumes_exactly_and_loads_as_a_policy(rows, tmp_path):
 def test_dpo_first_loss_is_log_two_and_reference_is_stored(rows, tmp_path):
     # One batch of all four pairs, twice: the second step sees the pairs the first one trained on.
     sup = SupervisedConfig("dpo", str(rows / "dpo.jsonl"), tasks=str(EXAMPLES), epochs=2, batch_size=4, beta=0.1)
-    history = train_supervised(config(tmp_path / "dpo"), sup)
+    write_tasks(tmp_path / "gt.jsonl", [t for t in load_tasks(EXAMPLES) if t.is_clean])
+    history = train_supervised(config(tmp_path / "dpo", gt_debug=tmp_path / "gt.jsonl"), sup)
     assert len(history) == 2
+    # Validated at the end through the evaluation code (a random model's outputs are invalid).
+    assert history[1]["val/pass"] == 0.0 and history[1]["val/invalid_share"] == 1.0
+    assert "gt_debug/noop" in history[1] and "val/pass" not in history[0]
     # At step 1 the policy is the reference: z = 0, loss log 2, margin 0.
     assert history[0]["dpo/loss"] == pytest.approx(np.log(2.0), abs=1e-5)
     assert abs(history[0]["dpo/margin"]) < 1e-3
