@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def by_task(rows: Iterable[PoolRow]) -> dict[str, list[PoolRow]]:
     return {task: sorted(group, key=lambda r: r.sample) for task, group in groups.items()}
 
 
-def ranked(rows: Sequence[PoolRow], score) -> list[PoolRow]:
+def ranked(rows: Sequence[PoolRow], score: Callable[[PoolRow], float]) -> list[PoolRow]:
     """Rows by `score(row)` descending; equal scores keep the lower sample index first."""
     return sorted(rows, key=lambda r: (-score(r), r.sample))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -176,8 +177,9 @@ def _logprobs(model: nnx.Module, tokens_BxT: jax.Array, chunk: int) -> jax.Array
     return chunked_logprobs(hidden_BxTxD, model.lm_head_weight(), tokens_BxT, chunk)[0]
 
 
-def make_loss(objective: str, graphdef: nnx.GraphDef, rest: nnx.State, beta: float, chunk: int):
-    """loss(params, batch) -> (loss, metrics) of the objective on one batch."""
+def make_loss(objective: str, graphdef: nnx.GraphDef, rest: nnx.State, beta: float, chunk: int
+              ) -> Callable[[nnx.State, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
+    """loss(params, batch) -> (loss, metrics) of the objective on one batch (DPO: chosen rows, then rejected)."""
 
     def loss(params, batch):
         logp_BxT = _logprobs(nnx.merge(graphdef, params, rest), batch["tokens"], chunk)
@@ -192,7 +194,9 @@ def make_loss(objective: str, graphdef: nnx.GraphDef, rest: nnx.State, beta: flo
     return loss
 
 
-def make_step(loss_fn, tx):
+def make_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
+    """step(state, batch) -> (state, metrics): one optimizer update on the loss's gradient."""
+
     def step(state: ts.TrainState, batch):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -203,7 +207,7 @@ def make_step(loss_fn, tx):
     return step
 
 
-def _row_sharding(mesh, rules, shape) -> NamedSharding:
+def _row_sharding(mesh: jax.sharding.Mesh, rules: tuple, shape: tuple[int, ...]) -> NamedSharding:
     names = ("batch",) + (None,) * (len(shape) - 1)
     return NamedSharding(mesh, msh.logical_to_spec(names, rules, shape, mesh))
 
