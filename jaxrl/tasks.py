@@ -35,8 +35,11 @@ class DataError(ValueError):
 
 
 def build_dir(spec: BuildSpec) -> Path:
-    """The cache directory of one build spec (a hash of the spec)."""
-    key = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode()).hexdigest()[:16]
+    """The cache directory of one build spec (a hash of the spec and of the builder's layout)."""
+    from reward.data.build import LAYOUT
+
+    record = {**dataclasses.asdict(spec), "layout": LAYOUT}
+    key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
     return Path(spec.cache_dir).expanduser() / f"{spec.source}-{key}"
 
 

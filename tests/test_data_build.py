@@ -1,6 +1,7 @@
 """The data builder: rejection rules in the sandbox, composition, splits, determinism, sources and the CLI."""
 
 import collections
+import dataclasses
 import json
 import os
 import textwrap
@@ -127,9 +128,39 @@ def test_splits_are_disjoint_deterministic_and_per_source():
     splits = split_of(problems, BuildConfig(seed=3))
     assert splits == split_of(problems, BuildConfig(seed=3))
     assert splits != split_of(problems, BuildConfig(seed=4))
+    old = split_of(problems, BuildConfig(seed=3, gt_debug_from_val_test=True))
     for source, n in (("A", 50), ("B", 20)):
         mine = [splits[f"{source}/{i}"] for i in range(n)]
-        assert mine.count("val") == mine.count("test") == round(0.1 * n)
+        assert mine.count("val") == mine.count("test") == mine.count("gt_debug") == round(0.1 * n)
+        assert mine.count("train") == n - 3 * round(0.1 * n)
+        # The old layout holds no problem out for GT Debug; val and test are the same problems in both.
+        theirs = [old[f"{source}/{i}"] for i in range(n)]
+        assert "gt_debug" not in theirs and theirs.count("train") == n - 2 * round(0.1 * n)
+        assert all((a == b) or (a, b) == ("gt_debug", "train") for a, b in zip(mine, theirs))
+    with pytest.raises(ValueError, match="gt_debug_fraction"):
+        BuildConfig(val_fraction=0.4, gt_debug_fraction=0.2)
+
+
+def test_gt_debug_problems_are_in_no_other_split_and_the_old_layout_overlaps_test(run):
+    """4 HumanEval problems at 25% each: one val, one test, one GT Debug (no mutants), one train."""
+    problems = humaneval_problems()[:4]
+    cfg = BuildConfig(seed=1, max_per_operator=1, multi_per_k=0, multi_line_per_problem=0, val_fraction=0.25,
+                      gt_debug_fraction=0.25)
+    result = build(problems, run, cfg)
+    files, manifest = result.files, result.manifest
+    bases = {name: {t.base_id for t in files[name]} for name in ("train", "val", "test", "gt_debug")}
+    assert manifest["base_problems"] == {"train": 1, "val": 1, "test": 1, "gt_debug": 1}
+    assert len(files["gt_debug"]) == 1 and files["gt_debug"][0].is_clean
+    assert files["gt_debug"][0].meta["split"] == "gt_debug"
+    assert not bases["gt_debug"] & (bases["train"] | bases["val"] | bases["test"])
+    assert manifest["config"]["gt_debug_fraction"] == 0.25 and not manifest["config"]["gt_debug_from_val_test"]
+
+    old = build(problems, run, dataclasses.replace(cfg, gt_debug_from_val_test=True))
+    old_bases = {name: {t.base_id for t in old.files[name]} for name in ("train", "val", "test", "gt_debug")}
+    assert old.manifest["base_problems"] == {"train": 2, "val": 1, "test": 1, "gt_debug": 0}
+    assert old_bases["gt_debug"] == old_bases["val"] | old_bases["test"] == bases["val"] | bases["test"]
+    assert old_bases["train"] == bases["train"] | bases["gt_debug"]
+    assert {t.meta["split"] for t in old.files["gt_debug"]} == {"val", "test"}
 
 
 def small_problems():
@@ -155,7 +186,8 @@ def test_build_is_verified_split_by_problem_and_deterministic(tmp_path, run, fle
     bases = {name: {t.base_id for t in files[name]} for name in ("train", "val", "test")}
     assert not (bases["train"] & bases["val"]) and not (bases["train"] & bases["test"]) and not (bases["val"] & bases["test"])
     assert all(t.is_clean and t.base_id not in bases["train"] for t in files["gt_debug"])
-    assert len(files["gt_debug"]) == manifest["base_problems"]["val"] + manifest["base_problems"]["test"]
+    assert len(files["gt_debug"]) == manifest["base_problems"]["gt_debug"]
+    assert not {t.base_id for t in files["gt_debug"]} & (bases["train"] | bases["val"] | bases["test"])
 
     buggy = [t for name in ("train", "val", "test") for t in files[name]]
     assert len({t.buggy_code for t in buggy}) == len(buggy)
@@ -209,6 +241,21 @@ def test_cli_build_writes_files_and_reruns_from_cache(tmp_path, capsys):
     assert cli_main(args) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["sandbox_runs"] == 0 and read_dir(tmp_path / "out") == files
+
+
+def test_cli_gt_debug_layout_flags(tmp_path, capsys):
+    write_mbpp(tmp_path / "mbpp.jsonl", MBPP_RECORDS)
+    base = ["data", "build", "--source", "none", "--mbpp", str(tmp_path / "mbpp.jsonl"), "--workers", "2",
+            "--no-progress", "--max-per-operator", "0"]
+    assert cli_main([*base, "--out", str(tmp_path / "bad"), "--gt-debug-fraction", "0.9"]) == 2
+    assert "--gt-debug-fraction" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    # Two problems at 50%: the new layout holds one out for GT Debug; the old one makes none.
+    assert cli_main([*base, "--out", str(tmp_path / "new"), "--gt-debug-fraction", "0.5"]) == 0
+    assert cli_main([*base, "--out", str(tmp_path / "old"), "--gt-debug-fraction", "0.5",
+                     "--gt-debug-from-val-test"]) == 0
+    new, old = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("new", "old"))
+    assert new["base_problems"] == {"train": 1, "val": 0, "test": 0, "gt_debug": 1} and new["files"]["gt_debug"] == 1
+    assert old["base_problems"] == {"train": 2, "val": 0, "test": 0, "gt_debug": 0} and old["files"]["gt_debug"] == 0
 
 
 def test_pdb_importer(fleet):

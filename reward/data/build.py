@@ -26,8 +26,11 @@ Phases, each one batch of sandbox runs:
      moved across a loop boundary; kept iff diff(buggy, solution) is one block
      of that many lines and it is atomic (every partial revert fails).
    A run that times out, runs out of memory or is killed never counts as a failure.
-4. splits by base problem (80/10/10 within each source, shuffled with the
-   seed); `gt_debug` holds the held-out problems (val and test) as clean tasks.
+4. splits by base problem, within each source shuffled with the seed: 10% val,
+   10% test, 10% GT Debug and the rest train. GT Debug's problems are in none of
+   train, val and test (the paper, §4.1) and get no mutants: `gt_debug` holds them
+   as clean tasks. `BuildConfig.gt_debug_from_val_test` restores the old layout
+   (80/10/10, GT Debug made from the val and test problems, so it overlaps test).
 
 No buggy program appears twice. Everything but the sandbox verdicts is a pure
 function of the problems and the seed, so the same seed and verdicts give
@@ -62,8 +65,10 @@ SCREEN_LIMITS = Limits(timeout_s=2.0)
 SOLUTION_LIMITS = Limits()
 FAILING = ("fail", "error")
 SPLITS = ("train", "val", "test")
+GT_DEBUG = "gt_debug"
 SINGLE, MULTI, MULTI_LINE = "single", "multi", "multi_line"
 MIN_GAP = 3  # faults of a multi-fault task lie >= 3 non-blank lines apart (2 unchanged between)
+LAYOUT = 2  # what the same arguments build; 2: GT Debug held out. Caches of built sets key on it.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,9 @@ class BuildConfig:
         multi_per_k: multi-fault candidates per problem and fault count k in 2..4.
         multi_line_per_problem: multi-line candidates per problem.
         val_fraction: share of each source's base problems in val (test gets the same).
+        gt_debug_fraction: share of each source's base problems held out for GT Debug alone.
+        gt_debug_from_val_test: the old layout: no problems held out for GT Debug, which is
+            made from the val and test problems instead (`gt_debug_fraction` is then unused).
         train_inprocess: also put tasks whose tests run `inprocess` (forgeable verdicts) in train.
     """
 
@@ -84,6 +92,8 @@ class BuildConfig:
     multi_per_k: int = 2
     multi_line_per_problem: int = 2
     val_fraction: float = 0.1
+    gt_debug_fraction: float = 0.1
+    gt_debug_from_val_test: bool = False
     train_inprocess: bool = False
 
     def __post_init__(self):
@@ -92,6 +102,8 @@ class BuildConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.val_fraction < 0.5:
             raise ValueError(f"val_fraction must be in [0, 0.5), got {self.val_fraction}")
+        if not 0 <= self.gt_debug_fraction < 1 - 2 * self.val_fraction:
+            raise ValueError(f"gt_debug_fraction must be in [0, 1 - 2 * val_fraction), got {self.gt_debug_fraction}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +259,8 @@ def screen(candidates: Sequence[Candidate], run: Runner, seen: set[str], phase: 
 
 
 def split_of(problems: Sequence[Problem], cfg: BuildConfig) -> dict[str, str]:
-    """base_id -> split: within each source, base problems shuffled with the seed, val and test from the front."""
+    """base_id -> split: within each source, base problems shuffled with the seed; val, test and gt_debug
+    (none in the old layout) from the front, in that order, the rest train."""
     by_source: dict[str, list[str]] = collections.defaultdict(list)
     for p in problems:
         if p.base_id not in by_source[p.source]:
@@ -257,8 +270,10 @@ def split_of(problems: Sequence[Problem], cfg: BuildConfig) -> dict[str, str]:
         ids = sorted(ids)
         _rng(cfg.seed, "split", source).shuffle(ids)
         n_held = round(cfg.val_fraction * len(ids))
+        n_gt = 0 if cfg.gt_debug_from_val_test else round(cfg.gt_debug_fraction * len(ids))
         for i, base_id in enumerate(ids):
-            splits[base_id] = "val" if i < n_held else "test" if i < 2 * n_held else "train"
+            splits[base_id] = ("val" if i < n_held else "test" if i < 2 * n_held
+                               else GT_DEBUG if i < 2 * n_held + n_gt else "train")
     return splits
 
 
@@ -355,11 +370,14 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
     """
     problems, helpers = bind_trusted_helpers(problems)
     good, dropped = solution_phase(problems, run)
+    splits = split_of(good, cfg)
+    gt_debug = [p for p in good if splits[p.base_id] == GT_DEBUG]
+    mutable = [p for p in good if splits[p.base_id] != GT_DEBUG]
 
     # single faults
     stats: dict[str, collections.Counter] = {k: collections.Counter() for k in (SINGLE, MULTI, MULTI_LINE)}
     seen = {p.solution for p in good}
-    singles = [c for p in tqdm(good, desc="mutants", disable=not progress, leave=False)
+    singles = [c for p in tqdm(mutable, desc="mutants", disable=not progress, leave=False)
                for c in sample_singles(p, cfg)]
     kept = screen(singles, run, seen, "single faults", stats[SINGLE])
 
@@ -368,17 +386,16 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
     for k in kept:
         kept_by_problem[k.candidate.problem.base_id].append(k.candidate.parts[0])
     multi, multi_line = [], []
-    for p in tqdm(good, desc="composites", disable=not progress, leave=False):
+    for p in tqdm(mutable, desc="composites", disable=not progress, leave=False):
         multi += sample_multi(p, kept_by_problem[p.base_id], cfg)
         multi_line += sample_multi_line(p, kept_by_problem[p.base_id], cfg)
     kept += screen(multi, run, seen, "multi-fault", stats[MULTI])
     kept += screen(multi_line, run, seen, "multi-line", stats[MULTI_LINE])
 
     # tasks and splits
-    splits = split_of(good, cfg)
     order = {p.base_id: i for i, p in enumerate(good)}
     kept.sort(key=lambda k: order[k.candidate.problem.base_id])  # stable: singles, multi, multi-line
-    files: dict[str, list[Task]] = {name: [] for name in (*SPLITS, "gt_debug")}
+    files: dict[str, list[Task]] = {name: [] for name in (*SPLITS, GT_DEBUG)}
     number: collections.Counter = collections.Counter()
     held_out: list[str] = []
     for k in kept:
@@ -389,7 +406,8 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
             held_out.append(task.task_id)
             continue
         files[splits[base_id]].append(task)
-    files["gt_debug"] = [clean_task(p, splits[p.base_id]) for p in good if splits[p.base_id] != "train"]
+    files[GT_DEBUG] = ([clean_task(p, splits[p.base_id]) for p in good if splits[p.base_id] in ("val", "test")]
+                       if cfg.gt_debug_from_val_test else [clean_task(p, GT_DEBUG) for p in gt_debug])
 
     manifest = {
         "tool": "precisecoder-jax",
@@ -402,7 +420,7 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         "problems_inprocess": [p.base_id for p in good if tests_mode(p) == "inprocess"],
         "problems_trusted_helpers": helpers,
         "train_inprocess_excluded": held_out,
-        "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in SPLITS},
+        "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in (*SPLITS, GT_DEBUG)},
         "files": {name: len(tasks) for name, tasks in files.items()},
         "counts": _counts([t for s in SPLITS for t in files[s]]),
         "by_split": {s: _counts(files[s]) for s in SPLITS},

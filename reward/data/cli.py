@@ -1,7 +1,8 @@
 """Build verified debugging task sets (PDB-style bug synthesis), or import PDB's released tasks.
 
   precisecoder data build --out DIR [--source humaneval] [--mbpp PATH] [--seed S] [--workers N]
-      writes DIR/{train,val,test,gt_debug}.jsonl and DIR/manifest.json; sandbox
+      writes DIR/{train,val,test,gt_debug}.jsonl and DIR/manifest.json (GT Debug from
+      problems held out of train, val and test; --gt-debug-from-val-test: the old layout); sandbox
       verdicts are cached in DIR/.cache/runs.jsonl, so a rerun (or a resumed
       interrupted build) replays them instead of running again. A timeout is
       retried once and never cached: it may come from machine load.
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
     b.add_argument("--max-per-operator", type=non_negative_int, default=BuildConfig.max_per_operator,
                    help="single-fault candidates per operator and problem")
+    b.add_argument("--gt-debug-fraction", type=float, default=BuildConfig.gt_debug_fraction,
+                   help="share of each source's problems held out for GT Debug alone (default: 0.1)")
+    b.add_argument("--gt-debug-from-val-test", action="store_true",
+                   help="the old layout: GT Debug from the val and test problems (overlapping test), none held out")
     b.add_argument("--train-inprocess", action="store_true",
                    help="also put tasks whose tests need in-process mode (forgeable verdicts) in train.jsonl")
     b.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
@@ -79,7 +84,11 @@ def main(args: argparse.Namespace) -> int:
     ids = [p.base_id for p in problems]
     if len(set(ids)) != len(ids):
         return _fail(f"duplicate problem id {next(i for i in ids if ids.count(i) > 1)!r} in the sources")
-    cfg = BuildConfig(seed=args.seed, max_per_operator=args.max_per_operator, train_inprocess=args.train_inprocess)
+    try:
+        cfg = BuildConfig(seed=args.seed, max_per_operator=args.max_per_operator, train_inprocess=args.train_inprocess,
+                          gt_debug_fraction=args.gt_debug_fraction, gt_debug_from_val_test=args.gt_debug_from_val_test)
+    except ValueError as e:
+        return _fail(f"--gt-debug-fraction: {e}")
     cache_dir = os.path.join(args.out, ".cache")
     try:
         os.makedirs(cache_dir, exist_ok=True)

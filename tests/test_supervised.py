@@ -1,0 +1,172 @@
+"""The supervised trainer: SFT and DPO steps on a random one-layer Qwen3, resume, the reference
+log-probs stored with the pairs, and a run directory that `load_policy` opens."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import yaml
+from flax import nnx
+
+from jaxrl.config import Config, from_dict
+from jaxrl.supervised import SupervisedConfig, SupervisedError, batch_indices, train_supervised
+from jaxrl.trainer import load_policy
+from reward.schema import load_tasks, write_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "reward" / "examples" / "tasks.jsonl"
+ARCH = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, rope_theta=10000.0, tie_word_embeddings=True)
+
+
+def config(out, gt_debug=None, **optimizer):
+    """The run's config; with `gt_debug` (a file of clean tasks), validation on 2 example tasks and it."""
+    data = {"train": str(EXAMPLES), **({"val": str(EXAMPLES), "gt_debug": str(gt_debug)} if gt_debug else {})}
+    return from_dict(Config, {
+        "name": "sup", "data": data, "reward": {"workers": 2},
+        "validation": {"val_tasks": 2, "max_tokens": 12, "thinking_budget": 6,
+                       "gt_debug_thinking_budget": 6},
+        "model": {"family": "qwen3", "architecture": ARCH, "dtype": "float32", "remat": False},
+        "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1, **optimizer},
+        "mesh": {"data": 2, "fsdp": -1, "tensor": 1}, "loss": {"logp_chunk": 64},
+        "run": {"out": str(out), "save_every": 1, "eval_every": 0, "tensorboard": False}})
+
+
+def fenced(code):
+    return f"<think>\nok\n</think>\n\n```python\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    tasks = load_tasks(EXAMPLES)
+    d = tmp_path_factory.mktemp("rows")
+    (d / "sft.jsonl").write_text("".join(json.dumps({"task_id": t.task_id, "sample": 0, "text": fenced(t.solution)})
+                                         + "\n" for t in tasks))
+    (d / "dpo.jsonl").write_text("".join(json.dumps({"task_id": t.task_id, "chosen_sample": 0, "rejected_sample": 1,
+                                                     "chosen": fenced(t.solution), "rejected": fenced(t.buggy_code)})
+                                         + "\n" for t in tasks))
+    return d
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_batches_are_a_function_of_the_step():
+    seen = np.concatenate([batch_indices(10, 3, 7, s) for s in range(3)])
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 9  # one epoch: 3 of 3-row batches, 1 row skipped
+    assert (batch_indices(10, 3, 7, 4) == batch_indices(10, 3, 7, 4)).all()
+    assert not (batch_indices(10, 3, 7, 0) == batch_indices(10, 3, 7, 3)).all()  # epoch 1 reshuffles
+
+
+@pytest.mark.slow  # 2 to 6 min: three runs compile the step, and two policies load
+def test_sft_trains_resumes_exactly_and_loads_as_a_policy(rows, tmp_path):
+    sup = SupervisedConfig("sft", str(rows / "sft.jsonl"), tasks=str(EXAMPLES), epochs=2, batch_size=2)
+    whole = train_supervised(config(tmp_path / "whole"), sup)
+    assert len(whole) == 4 and all(np.isfinite(r["sft/loss"]) for r in whole)
+    assert whole[-1]["sft/loss"] < whole[0]["sft/loss"]
+    assert [r["epoch"] for r in whole] == [0, 0, 1, 1]
+    # Two steps, stop, resume: the same metrics as the uninterrupted run.
+    part = tmp_path / "part"
+    train_supervised(config(part), dataclasses.replace(sup, steps=2))
+    train_supervised(config(part), sup, resume=True)
+    assert metrics(part) == metrics(tmp_path / "whole")
+    model, cfg, step = load_policy(tmp_path / "whole")
+    assert step == 4 and cfg.name == "sup"
+    other, _, _ = load_policy(part)
+    a, b = (jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, other))
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+    with pytest.raises(SupervisedError, match="already holds a run"):
+        train_supervised(config(part), sup)
+
+
+@pytest.mark.slow  # 1 to 3 min
+def test_dpo_first_loss_is_log_two_and_reference_is_stored(rows, tmp_path):
+    # One batch of all four pairs, twice: the second step sees the pairs the first one trained on.
+    sup = SupervisedConfig("dpo", str(rows / "dpo.jsonl"), tasks=str(EXAMPLES), epochs=2, batch_size=4, beta=0.1)
+    write_tasks(tmp_path / "gt.jsonl", [t for t in load_tasks(EXAMPLES) if t.is_clean])
+    history = train_supervised(config(tmp_path / "dpo", gt_debug=tmp_path / "gt.jsonl"), sup)
+    assert len(history) == 2
+    # Validated at the end through the evaluation code (a random model's outputs are invalid).
+    assert history[1]["val/pass"] == 0.0 and history[1]["val/invalid_share"] == 1.0
+    assert "gt_debug/noop" in history[1] and "val/pass" not in history[0]
+    # At step 1 the policy is the reference: z = 0, loss log 2, margin 0.
+    assert history[0]["dpo/loss"] == pytest.approx(np.log(2.0), abs=1e-5)
+    assert abs(history[0]["dpo/margin"]) < 1e-3
+    pairs = [json.loads(line) for line in (tmp_path / "dpo" / "pairs.jsonl").read_text().splitlines()]
+    assert len(pairs) == 4 and all(p["ref_chosen_logp"] < 0 and p["ref_rejected_logp"] < 0 for p in pairs)
+    assert history[1]["dpo/margin"] > 0 and history[1]["dpo/loss"] < history[0]["dpo/loss"]
+
+
+def test_bad_rows_are_one_line_errors(rows, tmp_path):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "nope", "text": "x"}) + "\n")
+    with pytest.raises(SupervisedError, match="bad.jsonl:1: task 'nope' is not in the tasks file"):
+        train_supervised(config(tmp_path / "a"), SupervisedConfig("sft", str(tmp_path / "bad.jsonl"),
+                                                                  tasks=str(EXAMPLES), batch_size=1))
+    with pytest.raises(SupervisedError, match="missing chosen and rejected"):
+        train_supervised(config(tmp_path / "b"), SupervisedConfig("dpo", str(rows / "sft.jsonl"),
+                                                                  tasks=str(EXAMPLES), batch_size=1))
+    with pytest.raises(SupervisedError, match="fewer than one batch"):
+        train_supervised(config(tmp_path / "c"), SupervisedConfig("sft", str(rows / "sft.jsonl"),
+                                                                  tasks=str(EXAMPLES), batch_size=5))
+
+
+def _env():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO))
+    return env
+
+
+def _write_config(path, out):
+    path.write_text(yaml.safe_dump({
+        "name": "sup", "data": {"train": str(EXAMPLES)},
+        "model": {"family": "qwen3", "architecture": ARCH, "dtype": "float32", "remat": False},
+        "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1}, "loss": {"logp_chunk": 64},
+        "run": {"out": str(out), "save_every": 1, "tensorboard": False}}))
+    return path
+
+
+@pytest.mark.slow  # 3 to 8 min: two runs of the command in subprocesses
+def test_sigkill_and_resume_give_the_uninterrupted_metrics(rows, tmp_path):
+    command = [sys.executable, "-m", "jaxrl.cli", "supervised", "--objective", "sft", "--rows",
+               str(rows / "sft.jsonl"), "--tasks", str(EXAMPLES), "--epochs", "3", "--batch-size", "2"]
+    whole = _write_config(tmp_path / "whole.yaml", tmp_path / "whole")
+    subprocess.run([*command, "--config", str(whole)], env=_env(), check=True, capture_output=True, timeout=1800)
+    killed = _write_config(tmp_path / "killed.yaml", tmp_path / "killed")
+    proc = subprocess.Popen([*command, "--config", str(killed)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 1800
+    while not (tmp_path / "killed" / "checkpoints" / "3").is_dir() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert done and done[-1] < 6
+    subprocess.run([*command, "--config", str(killed), "--resume"], env=_env(), check=True, capture_output=True,
+                   timeout=1800)
+    assert metrics(tmp_path / "killed") == metrics(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--objective", "sft", "--rows", "{missing}"], "rows:"),
+    (["--objective", "dpo", "--rows", "{missing}", "--beta", "0"], "beta must be > 0"),
+    (["--objective", "sft", "--rows", "{missing}", "--epochs", "0"], "must be >= 1"),
+])
+def test_command_usage_errors_exit_2(tmp_path, capsys, extra, message):
+    from jaxrl.cli import main
+
+    config = _write_config(tmp_path / "c.yaml", tmp_path / "run")
+    argv = ["supervised", "--config", str(config), *[a.format(missing=tmp_path / "none.jsonl") for a in extra]]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
