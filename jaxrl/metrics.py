@@ -20,7 +20,10 @@ import numpy as np
 
 # Per-rollout columns gathered over hosts (`rollout_columns`), one float each.
 COLUMNS = ("unit", "f1", "precision", "recall", "edited_lines", "valid", "noop", "buggy", "reward",
-           "response_tokens", "thinking_tokens", "budget_hit", "truncated")
+           "response_tokens", "thinking_tokens", "budget_hit", "truncated", "unverifiable")
+# A score row's verification status that counts in `reward/unverifiable` (`Score.status`, where the scorer
+# sets one: the tests could not verify the program either way).
+UNVERIFIABLE = "unverifiable"
 
 
 class StageTimer:
@@ -60,7 +63,8 @@ def rollout_columns(scores: Sequence[Any], completions: Sequence[Any], is_buggy:
         thinking = ids.index(think_end_id) + 1 if think_end_id in ids else len(ids)
         rows.append([s.unit, s.f1 or 0.0, _nan(s.precision), _nan(s.recall), _nan(s.edited_lines),
                      float(s.valid), float(s.noop), float(buggy), s.reward, len(ids), thinking,
-                     float(c.budget_hit), float(c.finish_reason == "length")])
+                     float(c.budget_hit), float(c.finish_reason == "length"),
+                     float(getattr(s, "status", None) == UNVERIFIABLE)])
     return np.asarray(rows, np.float64).reshape(len(rows), len(COLUMNS))
 
 
@@ -69,8 +73,17 @@ def _mean(x: np.ndarray) -> float:
     return float(x.mean()) if x.size else math.nan
 
 
-def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Sequence[str]) -> dict[str, float]:
-    """Step statistics over all rollouts of all hosts."""
+def group_composition(unit_NxG: np.ndarray) -> dict[str, float]:
+    """Shares of groups whose rollouts all pass, all fail, or both (only mixed groups carry a unit signal)."""
+    passing = unit_NxG > 0
+    all_pass, all_fail = passing.all(axis=1), ~passing.any(axis=1)
+    return {"groups/all_pass": float(all_pass.mean()), "groups/all_fail": float(all_fail.mean()),
+            "groups/mixed": float((~all_pass & ~all_fail).mean())}
+
+
+def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Sequence[str],
+                    group_size: int) -> dict[str, float]:
+    """Step statistics over all rollouts of all hosts (rows in group order, `group_size` per group)."""
     c = {name: columns[:, i] for i, name in enumerate(COLUMNS)}
     buggy = c["buggy"] > 0
     out = {
@@ -79,6 +92,7 @@ def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Se
         "rollout/recall": _mean(c["recall"]),
         "rollout/f1": _mean(c["f1"][buggy]) if buggy.any() else math.nan,
         "rollout/edited_lines": _mean(c["edited_lines"]),
+        "rollout/edited_lines_pass": _mean(c["edited_lines"][c["unit"] > 0]),
         "rollout/noop": _mean(c["noop"]),
         "rollout/valid": _mean(c["valid"]),
         "rollout/reward": _mean(c["reward"]),
@@ -86,6 +100,8 @@ def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Se
         "rollout/thinking_tokens": _mean(c["thinking_tokens"]),
         "rollout/budget_hit": _mean(c["budget_hit"]),
         "rollout/truncated": _mean(c["truncated"]),
+        "reward/unverifiable": float(c["unverifiable"].sum()),
+        **group_composition(c["unit"].reshape(-1, group_size)),
     }
     for k, name in enumerate(term_names):
         out[f"reward/{name}"] = float(rewards_RxK[:, k].mean())

@@ -1,15 +1,15 @@
-"""Algorithms: every registered one reproduces the golden advantages made before the refactor."""
+"""Algorithms as one object each: golden advantages, plug-in estimators, the checks that name the key."""
 
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from advantage_batch import CASES, G, LAM, batch_lengths, batch_scores, batch_tasks
-from jaxrl import advantages as A
-from jaxrl import rewards as R
+from jaxrl import algorithms as AL
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "advantages_golden.json").read_text())
 
@@ -18,11 +18,11 @@ GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "advantages_golden.jso
 def test_every_algorithm_gives_the_golden_advantages(case):
     tasks, scores = batch_tasks(), batch_scores()
     name, options = case["algorithm"], case["options"]
-    terms = np.asarray([R.terms(name, s, tasks[i // G]) for i, s in enumerate(scores)], np.float32)
+    algorithm = AL.resolve(name, None, None, None, options, LAM)
+    terms = np.asarray([algorithm.term_values(s, tasks[i // G]) for i, s in enumerate(scores)], np.float32)
     np.testing.assert_array_equal(terms, np.asarray(case["terms"], np.float32))
-    cfg = A.AdvantageConfig(R.ESTIMATOR[name], R.term_weights(name, LAM), options)
-    lengths = jnp.asarray(batch_lengths()) if case["token_lengths"] else None
-    adv = A.compute_advantages(cfg, jnp.asarray(terms.reshape(-1, G, terms.shape[1])), lengths)
+    lengths = jnp.asarray(batch_lengths() if case["token_lengths"] else np.ones((len(tasks), G), np.int32))
+    adv = jax.jit(algorithm.advantages)(terms.reshape(-1, G, terms.shape[1]), lengths)
     np.testing.assert_allclose(np.asarray(adv), np.asarray(case["advantages"]), rtol=1e-6, atol=1e-6)
 
 
