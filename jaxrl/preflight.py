@@ -19,8 +19,8 @@ from jaxrl.errors import TrainError
 from jaxrl.rollout.engine import BUILTIN_ENGINES, ENGINES
 from models import sharding as msh
 
-# Keys that may differ between a run and its resumption.
-RESUMABLE_CHANGES = ("run.steps", "run.progress")
+# Keys that may differ between a run and its resumption (a run directory may move).
+RESUMABLE_CHANGES = ("run.steps", "run.progress", "run.out")
 # Engines that cannot train: they do not return the sampled tokens' log-probs under the policy.
 NOT_FOR_TRAINING = {"openai": "an OpenAI-compatible API returns no log-probs of the policy being trained"}
 

@@ -115,7 +115,11 @@ class RewardPipeline:
         chunk = -(-len(pairs) // self.threads)
         ds = grain.MapDataset.source(list(pairs)).batch(chunk, batch_fn=list).map(self._map)
         options = grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=self.threads)
-        return [score for scores in ds.to_iter_dataset(options) for score in scores]
+        it = iter(ds.to_iter_dataset(options))
+        try:
+            return [score for scores in it for score in scores]
+        finally:
+            it.close()  # its prefetch threads end now, not whenever the iterator is collected
 
     def close(self) -> None:
         """Stop the dispatcher thread (the fleet is the caller's to close)."""

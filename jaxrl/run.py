@@ -156,7 +156,8 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer
         train_tasks, val_tasks, gt_tasks = read_train_tasks(cfg, tokenizer)
         pi, pc = jax.process_index(), jax.process_count()
-        stream = T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)
+        stream = stack.enter_context(contextlib.closing(
+            T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)))
         prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks),
                                 cfg.data.prompt_multiple)
 
