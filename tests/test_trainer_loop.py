@@ -106,6 +106,11 @@ def test_docs_estimator_trains_from_the_working_directory_and_resume_equals_one_
     assert records(tmp_path / "moved") == full
 
 
+def _baseline():
+    return ({t for t in threading.enumerate() if t.is_alive()},
+            {p.pid for p in psutil.Process().children(recursive=True)})
+
+
 def _leftovers(threads_before, children_before, wait_s=60.0):
     """Threads and child processes started since, once the closed ones had `wait_s` to end (tqdm's
     monitor thread is one per process, started by the first progress bar, by design)."""
@@ -118,9 +123,9 @@ def _leftovers(threads_before, children_before, wait_s=60.0):
         time.sleep(0.1)
 
 
-def test_a_failed_save_stops_the_run_and_nothing_outlives_a_failure(tmp_path, monkeypatch):
-    threads = {t for t in threading.enumerate() if t.is_alive()}
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
+@pytest.mark.slow  # one training step: 30-60 s of CPU, minutes of wall clock on a busy machine
+def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch):
+    threads, children = _baseline()
 
     def full_disk(self, state, *a, **kw):
         raise OSError(28, "No space left on device")
@@ -132,12 +137,39 @@ def test_a_failed_save_stops_the_run_and_nothing_outlives_a_failure(tmp_path, mo
     assert not (tmp_path / "save" / "metrics.jsonl").read_text()  # stopped at step 1, not at the end
     assert _leftovers(threads, children) == (set(), set())
 
+
+def test_no_thread_or_sandbox_process_outlives_a_failed_start(tmp_path):
+    """An engine that cannot be built (after the checkpointers started their threads), and one
+    that fails on the first step (after the fleet started its sandbox workers)."""
+    threads, children = _baseline()
+
     def no_engine(*a, **kw):
         raise ValueError("no such server")
 
     with pytest.raises(TrainError, match="rollout.engine 'test-scripted': no such server"):
         train(config(tmp_path / "engine"), engine_factory=no_engine, tokenizer=TOKENIZER)
-    with pytest.raises(TrainError, match="step 1: the rollout engine failed"):
-        train(dataclasses.replace(config(tmp_path / "broken"), rollout=dataclasses.replace(
-            config(tmp_path).rollout, engine="test-broken", options={})), tokenizer=TOKENIZER)
     assert _leftovers(threads, children) == (set(), set())
+    broken = config(tmp_path / "broken")
+    broken = dataclasses.replace(broken, rollout=dataclasses.replace(broken.rollout, engine="test-broken", options={}))
+    with pytest.raises(TrainError, match="step 1: the rollout engine failed"):
+        train(broken, tokenizer=TOKENIZER)
+    assert _leftovers(threads, children) == (set(), set())
+
+
+@pytest.mark.slow  # two training steps: 50-100 s of CPU
+def test_a_plug_in_estimator_is_on_the_gradient_path(tmp_path, monkeypatch):
+    """Zero advantages from a plug-in give a gradient of exactly 0 (no KL); the same function
+    scaled by an option gives a non-zero one."""
+    (tmp_path / "scaled_estimator.py").write_text(
+        "import jax.numpy as jnp\n\n\n"
+        "def scaled(rewards_NxGxK, lengths_NxG, scale: float = 0.0):\n"
+        "    r_NxG = rewards_NxGxK[..., 0]\n"
+        "    return scale * (r_NxG - r_NxG.mean(axis=1, keepdims=True))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "scaled_estimator", raising=False)
+    norms = []
+    for scale in (0.0, 2.0):
+        algorithm = {"estimator": "scaled_estimator:scaled", "options": {"scale": scale}}
+        last = train(config(tmp_path / f"scale{scale}", algorithm=algorithm, run={"steps": 1}), tokenizer=TOKENIZER)
+        norms.append(last["update/grad_norm"])
+    assert norms[0] == 0.0 and norms[1] > 0, norms
