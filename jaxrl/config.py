@@ -152,6 +152,10 @@ class DataConfig:
             raise ValueError(f"data.prompt_multiple must be >= 1, got {self.prompt_multiple}")
 
 
+# Engines that cannot train: they do not return the sampled tokens' log-probs under the policy.
+NOT_FOR_TRAINING = {"openai": "an OpenAI-compatible API returns no log-probs of the policy being trained"}
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How completions are sampled (the paper's settings by default).
@@ -175,6 +179,9 @@ class RolloutConfig:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        if self.engine in NOT_FOR_TRAINING:
+            raise ValueError(f"rollout.engine: {self.engine} cannot train ({NOT_FOR_TRAINING[self.engine]}); "
+                             "use jax or sglang")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -21,8 +21,6 @@ from models import sharding as msh
 
 # Keys that may differ between a run and its resumption (a run directory may move).
 RESUMABLE_CHANGES = ("run.steps", "run.progress", "run.out")
-# Engines that cannot train: they do not return the sampled tokens' log-probs under the policy.
-NOT_FOR_TRAINING = {"openai": "an OpenAI-compatible API returns no log-probs of the policy being trained"}
 
 
 def check(cfg: Config, resume: bool) -> algorithms.Resolved:
@@ -48,8 +46,6 @@ def check(cfg: Config, resume: bool) -> algorithms.Resolved:
 
 
 def _check_engine(name: str) -> None:
-    if name in NOT_FOR_TRAINING:
-        raise TrainError(f"rollout.engine: {name} cannot train ({NOT_FOR_TRAINING[name]}); use jax or sglang")
     if name not in ENGINES and name in BUILTIN_ENGINES:
         importlib.import_module(BUILTIN_ENGINES[name])
     if name not in ENGINES:
@@ -82,7 +78,7 @@ def _check_out(cfg: Config, resume: bool) -> None:
             raise TrainError(f"no checkpoint in {out}; drop --resume to start a new run")
         if (out / "config.yaml").is_file():
             _check_config_matches(out / "config.yaml", cfg)
-    elif (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
+    elif has_checkpoint(out):
         raise TrainError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 

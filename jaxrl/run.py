@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -109,8 +110,6 @@ def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sh
                     rules: tuple) -> Engine:
     """The configured engine: `tokenizer` and `rollout.options` for all; an in-process engine
     (one whose constructor takes `model`) also gets the model, the mesh and the rules."""
-    import inspect  # noqa: PLC0415
-
     name = cfg.rollout.engine
     kwargs: dict[str, Any] = {"tokenizer": tokenizer, **cfg.rollout.options}
     if "model" in inspect.signature(ENGINES[name]).parameters:

@@ -50,7 +50,7 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
 
 
 def open_checkpoint(directory: str, dtype: str | None = None) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
-    """The jax engine over the policy of a trainer checkpoint (`jaxrl.trainer.load_policy`: a run
+    """The jax engine over the policy of a trainer checkpoint (`jaxrl.saved_run.load_policy`: a run
     directory, its checkpoints/ or best/, or a step directory in them), at compute `dtype`
     (default: the run's)."""
     from jaxrl.errors import TrainError  # noqa: PLC0415
