@@ -224,6 +224,9 @@ def load_function(spec: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise AlgorithmError(f"algorithm.estimator: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: one line, not a traceback
+        raise AlgorithmError(f"algorithm.estimator: importing module {module_name!r} failed "
+                             f"({type(e).__name__}: {e})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise AlgorithmError(f"algorithm.estimator: module {module_name!r} has no function {attr!r}")

@@ -12,6 +12,7 @@ import importlib
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 from jaxrl import algorithms
 from jaxrl.config import Config, load_config, to_dict
@@ -30,6 +31,8 @@ def check(cfg: Config, resume: bool) -> algorithms.Resolved:
         algorithm = algorithms.resolve(a.name, a.estimator, a.terms, a.weights, a.options, cfg.reward.lam)
     except algorithms.AlgorithmError as e:
         raise TrainError(str(e)) from None
+    _check_estimator_shapes(algorithm, cfg.data.tasks_per_step * jax.process_count(), cfg.rollout.group_size,
+                            cfg.algorithm.estimator)
     _check_engine(cfg.rollout.engine)
     _check_paths(cfg)
     try:
@@ -43,6 +46,21 @@ def check(cfg: Config, resume: bool) -> algorithms.Resolved:
         raise TrainError(f"the {rows} rollouts of a step do not split over {jax.process_count()} hosts")
     _check_out(cfg, resume)
     return algorithm
+
+
+def _check_estimator_shapes(algorithm: algorithms.Resolved, n: int, g: int, spec: str | None) -> None:
+    """Trace the estimator on the run's shapes (no data): it must map [N, G, K] rewards to [N, G]."""
+    k = len(algorithm.terms)
+    where = f"algorithm.estimator {spec}" if spec else "algorithm"
+    try:
+        out = jax.eval_shape(algorithm.advantages, jax.ShapeDtypeStruct((n, g, k), jnp.float32),
+                             jax.ShapeDtypeStruct((n, g), jnp.int32))
+    except Exception as e:  # noqa: BLE001 - any failure of the user's function: one line
+        raise TrainError(f"{where}: tracing it on rewards [{n}, {g}, {k}] failed ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if getattr(out, "shape", None) != (n, g):
+        raise TrainError(f"{where}: returns {getattr(out, 'shape', type(out).__name__)} for rewards [{n}, {g}, {k}], "
+                         f"not one advantage per rollout [{n}, {g}]")
 
 
 def _check_engine(name: str) -> None:

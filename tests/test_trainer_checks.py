@@ -23,6 +23,10 @@ def cfg_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(to_yaml(config(tmp_path / "unused")))
     (tmp_path / "empty_module.py").write_text('"""No estimator here."""\n')
+    (tmp_path / "odd_estimators.py").write_text(
+        "def per_task(rewards_NxGxK, lengths_NxG):\n    return rewards_NxGxK.sum(axis=(1, 2))\n\n"
+        "def broken(rewards_NxGxK, lengths_NxG):\n    return rewards_NxGxK @ lengths_NxG\n")
+    (tmp_path / "bad_syntax.py").write_text("def f(:\n")
     return path
 
 
@@ -30,6 +34,9 @@ def cfg_file(tmp_path):
     (["algorithm.estimator=no_such_module:f"], "algorithm.estimator: cannot import module 'no_such_module'"),
     (["algorithm.estimator=empty_module:rank"], "algorithm.estimator: module 'empty_module' has no function 'rank'"),
     (["algorithm.estimator=nosuch"], "algorithm.estimator: unknown estimator 'nosuch'"),
+    (["algorithm.estimator=bad_syntax:f"], "algorithm.estimator: importing module 'bad_syntax' failed (SyntaxError"),
+    (["algorithm.estimator=odd_estimators:per_task"], "returns (4,) for rewards [4, 2, 2], not one advantage per"),
+    (["algorithm.estimator=odd_estimators:broken"], "odd_estimators:broken: tracing it on rewards [4, 2, 2] failed"),
     (["algorithm.options.temperature=2"], "algorithm.options of gdpo: 'temperature' is not accepted"),
     (["algorithm.terms=[unit, nope]", "algorithm.weights=[1, 0]"], "algorithm.terms: unknown reward term 'nope'"),
     (["algorithm.weights=[1.0]"], "algorithm.weights: 1 weights for the 2 terms"),
@@ -46,7 +53,8 @@ def cfg_file(tmp_path):
 ])
 def test_a_bad_config_exits_2_before_writing_anything(tmp_path, cfg_file, monkeypatch, capsys, overrides, message):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delitem(sys.modules, "empty_module", raising=False)
+    for name in ("empty_module", "odd_estimators", "bad_syntax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     out = tmp_path / "run"
     args = ["train", "--config", str(cfg_file), "--out", str(out)]
     for o in overrides:
