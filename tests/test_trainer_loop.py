@@ -9,6 +9,7 @@ costs no compilation. The model is a one-layer Qwen3 over the demo's small vocab
 """
 
 import dataclasses
+import os
 import re
 import shutil
 import sys
@@ -17,7 +18,6 @@ import time
 from pathlib import Path
 
 import jax
-import psutil
 import pytest
 from tqdm._monitor import TMonitor
 
@@ -106,9 +106,22 @@ def test_docs_estimator_trains_from_the_working_directory_and_resume_equals_one_
     assert records(tmp_path / "moved") == full
 
 
+def _descendants(pid=None):
+    """Pids of the process's children, grandchildren, ... (Linux /proc)."""
+    out, todo = set(), [pid or os.getpid()]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:  # the task ended meanwhile
+                continue
+            todo += kids - out
+            out |= kids
+    return out
+
+
 def _baseline():
-    return ({t for t in threading.enumerate() if t.is_alive()},
-            {p.pid for p in psutil.Process().children(recursive=True)})
+    return {t for t in threading.enumerate() if t.is_alive()}, _descendants()
 
 
 def _leftovers(threads_before, children_before, wait_s=60.0):
@@ -117,7 +130,7 @@ def _leftovers(threads_before, children_before, wait_s=60.0):
     end = time.monotonic() + wait_s
     while True:
         threads = {t for t in threading.enumerate() if t.is_alive() and not isinstance(t, TMonitor)} - threads_before
-        children = {p.pid for p in psutil.Process().children(recursive=True)} - children_before
+        children = _descendants() - children_before
         if not (threads or children) or time.monotonic() > end:
             return threads, children
         time.sleep(0.1)
@@ -127,7 +140,10 @@ def _leftovers(threads_before, children_before, wait_s=60.0):
 def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch):
     threads, children = _baseline()
 
+    running = []
+
     def full_disk(self, state, *a, **kw):
+        running.append(len(_descendants() - children))  # the step scored its rollouts: sandbox workers run
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint.Checkpointer, "save", full_disk)
@@ -135,12 +151,14 @@ def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch
         train(config(tmp_path / "save", run={"steps": 3}), tokenizer=TOKENIZER)
     assert "\n" not in str(e.value) and "--resume" in str(e.value)
     assert not (tmp_path / "save" / "metrics.jsonl").read_text()  # stopped at step 1, not at the end
+    assert running and running[0] > 0
     assert _leftovers(threads, children) == (set(), set())
 
 
 def test_no_thread_or_sandbox_process_outlives_a_failed_start(tmp_path):
     """An engine that cannot be built (after the checkpointers started their threads), and one
-    that fails on the first step (after the fleet started its sandbox workers)."""
+    that fails on the first step (after the reward pipeline's dispatcher started). The fleet
+    starts its sandbox workers on its first job: the failed-save test shows those end too."""
     threads, children = _baseline()
 
     def no_engine(*a, **kw):
