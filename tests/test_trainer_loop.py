@@ -136,7 +136,6 @@ def _leftovers(threads_before, children_before, wait_s=60.0):
         time.sleep(0.1)
 
 
-@pytest.mark.slow  # one training step: 30-60 s of CPU, minutes of wall clock on a busy machine
 def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch):
     threads, children = _baseline()
 
@@ -174,7 +173,7 @@ def test_no_thread_or_sandbox_process_outlives_a_failed_start(tmp_path):
     assert _leftovers(threads, children) == (set(), set())
 
 
-@pytest.mark.slow  # two training steps: 50-100 s of CPU
+@pytest.mark.slow  # two more training runs: 50-100 s of CPU (105 s wall with the failed-save test at load 29)
 def test_a_plug_in_estimator_is_on_the_gradient_path(tmp_path, monkeypatch):
     """Zero advantages from a plug-in give a gradient of exactly 0 (no KL); the same function
     scaled by an option gives a non-zero one."""
