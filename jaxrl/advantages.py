@@ -8,16 +8,18 @@ Statistics are population statistics (ddof = 0) unless an estimator's `ddof`
 says otherwise; `eps` is added to the standard deviation, so a term that is
 constant within its group contributes exactly 0.
 
-A researcher adds an estimator with one decorated function:
+An estimator is `f(rewards_NxGxK, lengths_NxG, **options) -> adv_NxG`: the reward
+tensor, the number of completion tokens of every rollout (for token-weighted
+statistics) and the keyword options of the config; one that declares `weights_K`
+also receives the term weights. Register one with a decorated function:
 
     @register_estimator("my_estimator")
-    def my_estimator(rewards_NxGxK, weights_K, lengths_NxG, scale: float = 1.0):
+    def my_estimator(rewards_NxGxK, lengths_NxG, weights_K, scale: float = 1.0):
         return scale * drgrpo(rewards_NxGxK @ weights_K)
 
-and selects it with `AdvantageConfig(name="my_estimator", options={"scale": 2.0})`.
-A registered estimator receives the reward tensor, the term weights and the number
-of completion tokens of every rollout (for token-weighted statistics), plus the
-keyword options of the config.
+and select it with `AdvantageConfig(name="my_estimator", options={"scale": 2.0})`;
+a training run reaches it (or a plug-in `module:function`, no registration needed)
+through `algorithm.estimator` (`jaxrl.algorithms`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +38,7 @@ Estimator = Callable[..., jax.Array]
 EA_ALPHA, EA_BETA = 0.8, 0.05
 
 _ESTIMATORS: dict[str, Estimator] = {}
-_POSITIONAL = ("rewards_NxGxK", "weights_K", "lengths_NxG")
+_POSITIONAL = ("rewards_NxGxK", "lengths_NxG")
 
 
 def _group_std(rewards_NxGx: jax.Array, ddof: int) -> jax.Array:
@@ -169,14 +172,14 @@ def grpo_clean_rows(
 
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Register `fn(rewards_NxGxK, weights_K, lengths_NxG, **options) -> adv_NxG` as `name`."""
+    """Register `fn(rewards_NxGxK, lengths_NxG, **options) -> adv_NxG` as `name`."""
 
     def decorate(fn: Estimator) -> Estimator:
         if name in _ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         params = list(inspect.signature(fn).parameters)
-        if tuple(params[:3]) != _POSITIONAL:
-            raise TypeError(f"estimator {name!r} must take {_POSITIONAL} first, got {params[:3]}")
+        if tuple(params[:2]) != _POSITIONAL:
+            raise TypeError(f"estimator {name!r} must take {_POSITIONAL} first, got {params[:2]}")
         _ESTIMATORS[name] = fn
         return fn
 
@@ -195,41 +198,71 @@ def get_estimator(name: str) -> Estimator:
     return _ESTIMATORS[name]
 
 
+def takes_weights(fn: Estimator) -> bool:
+    """Whether `fn` declares `weights_K` (then it receives the term weights)."""
+    return "weights_K" in inspect.signature(fn).parameters
+
+
+def check_options(fn: Estimator, options: Mapping[str, Any], where: str = "options") -> None:
+    """Raise `ValueError` naming the first option `fn` does not accept, or a signature it cannot be called with."""
+    sig = inspect.signature(fn)
+    params = sig.parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        accepted = set(params) - {"weights_K"} - set(list(params)[:2])
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise ValueError(f"{where}: {unknown[0]!r} is not accepted; it takes {sorted(accepted) or 'no options'}")
+    try:
+        sig.bind(None, None, **options, **({"weights_K": None} if takes_weights(fn) else {}))
+    except TypeError as e:
+        raise ValueError(f"{where}: cannot be called as f(rewards_NxGxK, lengths_NxG, **options) ({e})") from None
+
+
+def call_estimator(fn: Estimator, rewards_NxGxK: jax.Array, lengths_NxG: jax.Array, weights_K: jax.Array,
+                   options: Mapping[str, Any]) -> jax.Array:
+    """`fn(rewards, lengths, **options)`, with `weights_K=` where `fn` takes it."""
+    extra = {"weights_K": weights_K} if takes_weights(fn) else {}
+    return fn(rewards_NxGxK, lengths_NxG, **options, **extra)
+
+
+def _weighted(rewards_NxGxK: jax.Array, weights_K: jax.Array) -> jax.Array:
+    return rewards_NxGxK @ weights_K
+
+
 @register_estimator("grpo")
-def _grpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, ddof: int = 0):
+def _grpo(rewards_NxGxK, lengths_NxG, weights_K, eps: float = 1e-6, ddof: int = 0):
     """GRPO on the weighted sum of the reward terms."""
-    return grpo(rewards_NxGxK @ weights_K, eps, ddof)
+    return grpo(_weighted(rewards_NxGxK, weights_K), eps, ddof)
 
 
 @register_estimator("drgrpo")
-def _drgrpo(rewards_NxGxK, weights_K, lengths_NxG):
+def _drgrpo(rewards_NxGxK, lengths_NxG, weights_K):
     """Dr.GRPO on the weighted sum of the reward terms."""
-    return drgrpo(rewards_NxGxK @ weights_K)
+    return drgrpo(_weighted(rewards_NxGxK, weights_K))
 
 
 @register_estimator("rloo")
-def _rloo(rewards_NxGxK, weights_K, lengths_NxG):
+def _rloo(rewards_NxGxK, lengths_NxG, weights_K):
     """RLOO on the weighted sum of the reward terms."""
-    return rloo(rewards_NxGxK @ weights_K)
+    return rloo(_weighted(rewards_NxGxK, weights_K))
 
 
 @register_estimator("gdpo")
-def _gdpo(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6, token_weighted: bool = False,
+def _gdpo(rewards_NxGxK, lengths_NxG, weights_K, eps: float = 1e-6, token_weighted: bool = False,
           ddof: int = 0):
     """GDPO over the K terms; `token_weighted` selects verl's token-weighted batch statistics."""
     return gdpo(rewards_NxGxK, weights_K, eps, lengths_NxG if token_weighted else None, ddof)
 
 
 @register_estimator("ea_grpo")
-def _ea_grpo(rewards_NxGxK, weights_K, lengths_NxG, alpha: float = EA_ALPHA, beta: float = EA_BETA,
-             eps: float = 1e-6):
-    """EA-GRPO: terms are `[unit, edited_lines]` (`reward.score.baseline_terms`); the weights are not used."""
+def _ea_grpo(rewards_NxGxK, lengths_NxG, alpha: float = EA_ALPHA, beta: float = EA_BETA, eps: float = 1e-6):
+    """EA-GRPO: terms are `[unit, edited_lines]` (`reward.score.baseline_terms`)."""
     rewards_NxG = ea_grpo_rewards(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], alpha, beta)
     return grpo(rewards_NxG, eps)
 
 
 @register_estimator("grpo_clean_rows")
-def _grpo_clean_rows(rewards_NxGxK, weights_K, lengths_NxG, eps: float = 1e-6):
+def _grpo_clean_rows(rewards_NxGxK, lengths_NxG, eps: float = 1e-6):
     """GRPO + clean rows: terms are `[unit, edited_lines, is_clean]`, ℓ ≥ 0 as `reward.score.baseline_terms`
     gives it (the flag constant per group)."""
     return grpo_clean_rows(rewards_NxGxK[..., 0], rewards_NxGxK[..., 1], rewards_NxGxK[:, 0, 2] > 0, eps)
@@ -250,15 +283,9 @@ class AdvantageConfig:
     options: Mapping[str, float | bool] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        fn = get_estimator(self.name)
         if not self.weights:
             raise ValueError("AdvantageConfig.weights must name at least one term")
-        accepted = set(inspect.signature(fn).parameters) - set(_POSITIONAL)
-        unknown = set(self.options) - accepted
-        if unknown:
-            raise ValueError(
-                f"options {sorted(unknown)} are not accepted by estimator {self.name!r}; "
-                f"it accepts {sorted(accepted)}")
+        check_options(get_estimator(self.name), self.options, f"options of estimator {self.name!r}")
 
 
 def compute_advantages(
@@ -274,4 +301,4 @@ def compute_advantages(
     if lengths_NxG is None:
         lengths_NxG = jnp.ones(rewards_NxGxK.shape[:2], jnp.int32)
     weights_K = jnp.asarray(config.weights, jnp.float32)
-    return get_estimator(config.name)(rewards_NxGxK, weights_K, lengths_NxG, **config.options)
+    return call_estimator(get_estimator(config.name), rewards_NxGxK, lengths_NxG, weights_K, config.options)

@@ -136,6 +136,10 @@ class Checkpointer:
         """Finalized steps, oldest first."""
         return sorted(self._manager.all_steps())
 
+    def check(self) -> None:
+        """Raise the error of an asynchronous save that failed since the last call, if any."""
+        self._manager.check_for_errors()
+
     def wait(self) -> None:
         """Block until any save in flight is finalized."""
         self._manager.wait_until_finished()

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import yaml
 
-from jaxrl.train_step import LossConfig, OptimizerConfig
+from jaxrl import algorithms
 
 
 class ConfigError(ValueError):
@@ -42,6 +42,9 @@ class ConfigError(ValueError):
 
 # ---------------------------------------------------------------------------
 # sections
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,8 @@ class DataConfig:
         prompt_multiple: the prompt part of every batch row is the longest training
             prompt rounded up to a multiple of this (one shape per run either way; 64 keeps
             accelerator-friendly shapes, a small value saves padding on CPU).
+        allow_forgeable: train on tasks whose tests run `inprocess` (a program can forge
+            its verdict there); refused unless true, and a warning in the run log when true.
     """
 
     train: str | None = None
@@ -134,6 +139,7 @@ class DataConfig:
     seed: int = 0
     clean_share: float = 0.0
     prompt_multiple: int = 64
+    allow_forgeable: bool = False
 
     def __post_init__(self):
         if self.train is None and self.build is None:
@@ -144,6 +150,10 @@ class DataConfig:
             raise ValueError(f"data.clean_share must be in [0, 1), got {self.clean_share}")
         if self.prompt_multiple < 1:
             raise ValueError(f"data.prompt_multiple must be >= 1, got {self.prompt_multiple}")
+
+
+# Engines that cannot train: they do not return the sampled tokens' log-probs under the policy.
+NOT_FOR_TRAINING = {"openai": "an OpenAI-compatible API returns no log-probs of the policy being trained"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +179,9 @@ class RolloutConfig:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        if self.engine in NOT_FOR_TRAINING:
+            raise ValueError(f"rollout.engine: {self.engine} cannot train ({NOT_FOR_TRAINING[self.engine]}); "
+                             "use jax or sglang")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -214,23 +227,112 @@ class RewardConfig:
             raise ValueError(f"reward.timeout_s must be positive, got {self.timeout_s}")
 
 
-ALGORITHMS = ("precisecoder", "grpo", "drgrpo", "rloo", "ea_grpo", "grpo_f1sum", "grpo_clean_rows")
-
-
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     """Which reward terms feed which advantage estimator (`jaxrl.algorithms`).
 
     Attributes:
-        name: precisecoder (GDPO over [unit, f1], weights [1 − λ, λ]), grpo / drgrpo / rloo
-            (unit only), ea_grpo (unit with the edit-size penalty), grpo_f1sum (GRPO on
-            r_λ), grpo_clean_rows (GRPO on unit, plus fewer edited lines on clean rows).
+        name: a registered algorithm (`jaxrl.algorithms.algorithm_names()`): precisecoder
+            (GDPO over [unit, f1], weights [1 − λ, λ]), grpo / drgrpo / rloo (unit only),
+            ea_grpo (unit with the edit-size penalty), grpo_f1sum (GRPO on r_λ),
+            grpo_clean_rows (GRPO on unit, plus fewer edited lines on clean rows).
+        estimator: replaces the algorithm's estimator: a registered one, or `module:function`
+            imported from `sys.path` (the working directory included).
+        terms: replaces its reward terms (registered names); then `weights` is required.
+        weights: one weight per term (default: the algorithm's, from `reward.lam`).
         options: keyword options of the estimator (e.g. `eps`, `token_weighted`, `alpha`, `beta`).
     """
 
-    name: Literal["precisecoder", "grpo", "drgrpo", "rloo", "ea_grpo", "grpo_f1sum", "grpo_clean_rows"] = \
-        "precisecoder"
-    options: Mapping[str, float | int | bool] = dataclasses.field(default_factory=dict)
+    name: str = "precisecoder"
+    estimator: str | None = None
+    terms: tuple[str, ...] | None = None
+    weights: tuple[float, ...] | None = None
+    options: Mapping[str, float | int | bool | str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        algorithms.get_algorithm(self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The policy loss (defaults: verl's actor).
+
+    Attributes:
+        clip_low: ε_low, the ratio is clipped below at 1 − ε_low.
+        clip_high: ε_high, clipped above at 1 + ε_high (DAPO's clip-higher: 0.28).
+        dual_clip: c > 1 caps the loss of negative-advantage tokens at −c·A; None disables.
+        agg_mode: one of `AGG_MODES`.
+        norm_constant: Dr.GRPO's constant L for `seq-mean-token-sum-norm` (default: T).
+        kl_coef: weight of KL(π ‖ π_ref) in the loss; > 0 needs reference log-probs.
+        kl_estimator: "k1" or "k3".
+        temperature: sampling temperature; logits are divided by it.
+        logp_chunk: positions per chunk of the log-prob computation.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    temperature: float = 1.0
+    logp_chunk: int = 512
+
+    def __post_init__(self):
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must exceed 1, got {self.dual_clip}")
+        if self.agg_mode not in AGG_MODES:
+            raise ValueError(f"agg_mode {self.agg_mode!r} not in {AGG_MODES}")
+        if self.norm_constant is not None and self.norm_constant <= 0:
+            raise ValueError(f"norm_constant must be positive, got {self.norm_constant}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"kl_estimator must be k1 or k3, got {self.kl_estimator!r}")
+        if self.temperature <= 0 or self.logp_chunk <= 0:
+            raise ValueError("temperature and logp_chunk must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping; linear warmup, then constant or cosine decay.
+
+    Attributes:
+        learning_rate: peak learning rate.
+        warmup_steps: the rate at step s < warmup_steps is lr · (s + 1) / warmup_steps.
+        schedule: "constant" or "cosine" after warmup.
+        total_steps: steps of warmup plus decay (needed by "cosine").
+        min_lr_ratio: the cosine floor as a fraction of the peak.
+        b1, b2, eps: Adam moments.
+        weight_decay: decoupled decay, on every parameter like verl's actor.
+        max_grad_norm: clip gradients to this global norm.
+    """
+
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate and max_grad_norm must be positive")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be constant or cosine, got {self.schedule!r}")
+        if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+            raise ValueError("a cosine schedule needs total_steps > warmup_steps")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,6 +493,8 @@ class Config:
     hardware: HardwareConfig | None = None
 
     def __post_init__(self):
+        a = self.algorithm
+        algorithms.parts(a.name, a.terms, a.weights, self.reward.lam)
         if self.loss.temperature != self.rollout.temperature and self.rollout.temperature > 0:
             raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
                              f"({self.rollout.temperature}): the update scores tokens under the sampling distribution")
@@ -579,8 +683,9 @@ def apply_override(data: Mapping[str, Any], override: str) -> dict[str, Any]:
     keys, raw = m.group(1).split("."), m.group(2)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML "
+                          f"({str(e).splitlines()[0]}); quote a string that looks like YAML") from None
     out = dict(data)
     node = out
     for i, k in enumerate(keys[:-1]):

@@ -130,7 +130,8 @@ def tokenizer_for(args: argparse.Namespace) -> Any:
         return load_tokenizer(_family_of(directory))
     if args.checkpoint:
         from jaxrl.config import load_config
-        from jaxrl.trainer import TrainError, locate_run
+        from jaxrl.errors import TrainError
+        from jaxrl.saved_run import locate_run
 
         try:
             run, _, _ = locate_run(args.checkpoint)

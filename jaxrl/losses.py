@@ -17,8 +17,9 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from jaxrl.config import AGG_MODES
+
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-AGG_MODES: tuple[str, ...] = AggMode.__args__
 KlEstimator = Literal["k1", "k3"]
 
 # |log π − log π_old| beyond this is clamped before exp (verl clamps at 20 too).

@@ -69,10 +69,23 @@ def _mean(x: np.ndarray) -> float:
     return float(x.mean()) if x.size else math.nan
 
 
-def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Sequence[str]) -> dict[str, float]:
-    """Step statistics over all rollouts of all hosts; `rollout/*` leave out the unverifiable ones
-    (their share is `reward/unverifiable`), `reward/<term>` is what the advantages saw."""
+def group_composition(unit_NxG: np.ndarray) -> dict[str, float]:
+    """Shares of groups whose rollouts all pass, all fail, or both (only mixed groups carry a unit signal)."""
+    passing = unit_NxG > 0
+    all_pass, all_fail = passing.all(axis=1), ~passing.any(axis=1)
+    return {"groups/all_pass": float(all_pass.mean()), "groups/all_fail": float(all_fail.mean()),
+            "groups/mixed": float((~all_pass & ~all_fail).mean())}
+
+
+def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Sequence[str],
+                    group_size: int) -> dict[str, float]:
+    """Step statistics over all rollouts of all hosts (rows in group order, `group_size` per group).
+
+    `rollout/*` leave out the unverifiable rollouts (`reward/unverifiable` counts them); the group
+    composition and `reward/<term>` are over every rollout, as the advantages saw them.
+    """
     unverifiable = columns[:, COLUMNS.index("unverifiable")]
+    groups = group_composition(columns[:, COLUMNS.index("unit")].reshape(-1, group_size))
     c = {name: columns[unverifiable == 0, i] for i, name in enumerate(COLUMNS)}
     buggy = c["buggy"] > 0
     out = {
@@ -81,6 +94,7 @@ def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Se
         "rollout/recall": _mean(c["recall"]),
         "rollout/f1": _mean(c["f1"][buggy]) if buggy.any() else math.nan,
         "rollout/edited_lines": _mean(c["edited_lines"]),
+        "rollout/edited_lines_pass": _mean(c["edited_lines"][c["unit"] > 0]),
         "rollout/noop": _mean(c["noop"]),
         "rollout/valid": _mean(c["valid"]),
         "rollout/reward": _mean(c["reward"]),
@@ -88,10 +102,11 @@ def rollout_metrics(columns: np.ndarray, rewards_RxK: np.ndarray, term_names: Se
         "rollout/thinking_tokens": _mean(c["thinking_tokens"]),
         "rollout/budget_hit": _mean(c["budget_hit"]),
         "rollout/truncated": _mean(c["truncated"]),
+        "reward/unverifiable": float(unverifiable.sum()),
+        **groups,
     }
     for k, name in enumerate(term_names):
         out[f"reward/{name}"] = float(rewards_RxK[:, k].mean())
-    out["reward/unverifiable"] = _mean(unverifiable)
     return out
 
 

@@ -1,4 +1,4 @@
-"""The reward stage: a Grain pipeline of scorer calls on the fleet, and the per-algorithm terms.
+"""The reward stage: a Grain pipeline of scorer calls on the fleet.
 
 `RewardPipeline(pairs)` is a Grain `MapDataset` over (task, prediction) pairs,
 cut into one chunk per thread, whose map is `reward.score.score_predictions` on a
@@ -12,9 +12,7 @@ call and hands each thread its own results. So every worker stays busy (a scorer
 phase is often a single job), identical programs of different rollouts run once,
 and the pipeline is correct whether or not the fleet's `run` is thread-safe.
 
-`terms(algorithm, score, task)` turns one rollout's score into its reward terms
-(the K of `rewards_NxGxK`) and `term_weights(algorithm, lam)` gives the weights
-the estimator `ESTIMATOR[algorithm]` combines them with.
+The reward terms an algorithm takes from each score row live in `jaxrl.algorithms`.
 """
 
 from __future__ import annotations
@@ -23,83 +21,13 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import grain
-
-from jaxrl.rollout import Completion
 
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, RunResult
 from reward.schema import Prediction, Task
-from reward.score import Score, baseline_terms, score_predictions
-
-# algorithm -> registered advantage estimator (`jaxrl.advantages`)
-ESTIMATOR = {
-    "precisecoder": "gdpo",
-    "grpo": "grpo",
-    "drgrpo": "drgrpo",
-    "rloo": "rloo",
-    "ea_grpo": "ea_grpo",
-    "grpo_f1sum": "grpo",
-    "grpo_clean_rows": "grpo_clean_rows",
-}
-
-TERM_NAMES = {
-    "precisecoder": ("unit", "f1"),
-    "grpo": ("unit",),
-    "drgrpo": ("unit",),
-    "rloo": ("unit",),
-    "ea_grpo": ("unit", "edited_lines"),
-    "grpo_f1sum": ("unit", "f1"),
-    "grpo_clean_rows": ("unit", "edited_lines", "is_clean"),
-}
-
-
-def terms(algorithm: str, score: Score, task: Task) -> tuple[float, ...]:
-    """One rollout's reward terms for `algorithm` (names in `TERM_NAMES`).
-
-    unit and f1 are `Score.vector` (f1 counts 0 on clean tasks and invalid answers);
-    edited_lines comes from `reward.score.baseline_terms` (an invalid answer's is the number
-    of non-blank lines of C; EA-GRPO ignores it, as an invalid answer never passes).
-    """
-    unit, f1 = score.vector
-    if algorithm in ("precisecoder", "grpo_f1sum"):
-        return unit, f1
-    if algorithm in ("grpo", "drgrpo", "rloo"):
-        return (unit,)
-    lines = baseline_terms(score, task.buggy_code)[1]
-    if algorithm == "ea_grpo":
-        return unit, lines
-    if algorithm == "grpo_clean_rows":
-        return unit, lines, float(task.is_clean)
-    raise ValueError(f"unknown algorithm {algorithm!r}")
-
-
-def term_weights(algorithm: str, lam: float) -> tuple[float, ...]:
-    """The estimator's term weights: [1 − λ, λ] for the F1 algorithms; unit alone otherwise."""
-    if algorithm in ("precisecoder", "grpo_f1sum"):
-        return 1.0 - lam, lam
-    return (1.0,) + (0.0,) * (len(TERM_NAMES[algorithm]) - 1)
-
-
-def stop_texts(tokenizer: Any) -> tuple[str, ...]:
-    """The texts of the tokenizer's stop tokens (`<|im_end|>`, `<|endoftext|>`)."""
-    return tuple(tokenizer.decode([t]) for t in tokenizer.stop_ids)
-
-
-def response_text(completion: Completion, stops: Sequence[str]) -> str:
-    """The completion's text without the stop token that ended it.
-
-    Engines that decode with special tokens kept end a Qwen answer in "```<|im_end|>";
-    left there, the stop token sits on the closing fence's line, the block never closes
-    and a correct answer would be scored invalid.
-    """
-    text = completion.text
-    for stop in stops:
-        if completion.finish_reason == "stop" and stop and text.endswith(stop):
-            return text[:-len(stop)]
-    return text
+from reward.score import Score, score_predictions
 
 
 def prediction_of(task: Task, response: str, think_opened: bool) -> Prediction:
@@ -187,7 +115,11 @@ class RewardPipeline:
         chunk = -(-len(pairs) // self.threads)
         ds = grain.MapDataset.source(list(pairs)).batch(chunk, batch_fn=list).map(self._map)
         options = grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=self.threads)
-        return [score for scores in ds.to_iter_dataset(options) for score in scores]
+        it = iter(ds.to_iter_dataset(options))
+        try:
+            return [score for scores in it for score in scores]
+        finally:
+            it.close()  # its prefetch threads end now, not whenever the iterator is collected
 
     def close(self) -> None:
         """Stop the dispatcher thread (the fleet is the caller's to close)."""

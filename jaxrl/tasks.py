@@ -168,6 +168,10 @@ class TaskStream:
         """The iterator's position (JSON)."""
         return self._iter.get_state()
 
+    def close(self) -> None:
+        """Stop the iterator's prefetch threads (a run closes its stream when it ends)."""
+        self._iter.close()
+
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from a position `get_state` returned."""
         self._iter.set_state(state)

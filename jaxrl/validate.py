@@ -22,7 +22,6 @@ from jaxrl import hosts
 from jaxrl.config import Config
 from jaxrl.eval.evaluate import Sample, evaluate, metrics_of, summarize
 from jaxrl.eval.protocol import EvalSettings
-from jaxrl.rewards import response_text, stop_texts
 from jaxrl.rollout import Engine
 from reward.schema import Task
 from reward.score import Score
@@ -35,20 +34,6 @@ def eval_settings(cfg: Config, seed: int) -> EvalSettings:
                         top_k=v.top_k, thinking_budget=v.thinking_budget, max_tokens=v.max_tokens,
                         clean_thinking_budget=v.gt_debug_thinking_budget, seed=seed, lam=cfg.reward.lam,
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
-
-
-class _WithoutStopText(Engine):
-    """The trainer's engine, its completions' texts without the stop token (`rewards.response_text`)."""
-
-    def __init__(self, engine: Engine, stops: Sequence[str]):
-        self.engine, self.stops = engine, stops
-
-    def generate(self, prompts, params):
-        return [[dataclasses.replace(c, text=response_text(c, self.stops)) for c in group]
-                for group in self.engine.generate(prompts, params)]
-
-    def update_weights(self, model, *, step):
-        self.engine.update_weights(model, step=step)
 
 
 def _renamed(metrics: dict[str, float]) -> dict[str, float]:
@@ -89,7 +74,7 @@ def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task],
     settings = eval_settings(cfg, seed)
     count = jax.process_count()
     mine = host_share(tasks, jax.process_index(), count)
-    result = evaluate(_WithoutStopText(engine, stop_texts(tokenizer)), tokenizer, mine, settings, None,
+    result = evaluate(engine, tokenizer, mine, settings, None,
                       scorer=scorer, batch_size=max(len(mine), 1))
     if count == 1:
         return _renamed(metrics_of(result.summary))

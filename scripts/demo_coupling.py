@@ -40,7 +40,7 @@ def main() -> int:
     import models
     from jaxrl.demo import report
     from jaxrl.demo.run import DemoConfig, evaluate_policy
-    from jaxrl.trainer import load_policy
+    from jaxrl.saved_run import load_policy
     from reward.fleet import Fleet
     from reward.schema import load_tasks
 

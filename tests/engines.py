@@ -44,8 +44,8 @@ class DecoderEngine(Engine):
         for i in range(len(rows)):
             n = int(lengths[i])
             tok = tuple(int(t) for t in tokens[i, :n])
-            text = self.tokenizer.decode(tok)
             stop = n > 0 and tok[-1] in self.tokenizer.stop_ids
+            text = self.tokenizer.decode(tok[:-1] if stop else tok)  # the `Completion` contract: no stop text
             thinking, answer = (text.split("</think>", 1) + [""])[:2] if "</think>" in text else (None, text)
             comps.append(Completion(tok, tuple(float(x) for x in logps[i, :n]), "stop" if stop else "length",
                                     text, thinking, answer, (False,) * n))
@@ -74,8 +74,8 @@ class ScriptedEngine(Engine):
             group = []
             for g in range(params.n):
                 code = task.solution if g % 2 == 0 else task.buggy_code
-                text = f"<think>\nok\n</think>\n\n```python\n{code}\n```<|im_end|>"
-                tok = tuple(self.tokenizer.encode(text))[: params.max_tokens]
+                text = f"<think>\nok\n</think>\n\n```python\n{code}\n```"  # the stop token is in `tok` only
+                tok = tuple(self.tokenizer.encode(text + "<|im_end|>"))[: params.max_tokens]
                 group.append(Completion(tok, (self.logprob,) * len(tok), "stop", text, "ok", code,
                                         (False,) * len(tok)))
             out.append(group)
@@ -85,13 +85,13 @@ class ScriptedEngine(Engine):
         pass
 
 
-def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, prompt="minimal", **_):
-    """`ScriptedEngine` over the tasks of a JSONL file (`rollout.options.tasks`)."""
+def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, prompt="minimal", logprob=-12.0, **_):
+    """`ScriptedEngine` over the tasks of a JSONL file (`rollout.options.tasks`, `prompt`, `logprob`)."""
     from jaxrl.tasks import render
     from reward.schema import load_tasks
 
     by_prompt = {render(t, tokenizer, prompt).prompt_ids: t for t in load_tasks(tasks)}
-    return ScriptedEngine(tokenizer, by_prompt)
+    return ScriptedEngine(tokenizer, by_prompt, logprob)
 
 
 @register_engine("test-decoder")

@@ -248,7 +248,7 @@ def test_registry_and_config():
 
 def test_register_new_estimator():
     @A.register_estimator("test_scaled_drgrpo")
-    def scaled(rewards_NxGxK, weights_K, lengths_NxG, scale: float = 1.0):
+    def scaled(rewards_NxGxK, lengths_NxG, weights_K, scale: float = 1.0):
         return scale * A.drgrpo(rewards_NxGxK @ weights_K)
 
     r = jnp.asarray(_random_rewards(9, (2, 3, 1)))
@@ -278,7 +278,7 @@ def test_grpo_clean_rows_registered_matches_numpy():
     lines = rng.integers(0, 9, (5, 6)).astype(np.float32)
     clean = np.array([1, 0, 1, 0, 0], np.float32)
     rewards = np.stack([unit, lines, np.repeat(clean[:, None], 6, axis=1)], axis=-1)
-    adv = A.get_estimator("grpo_clean_rows")(jnp.asarray(rewards), None, None)
+    adv = A.get_estimator("grpo_clean_rows")(jnp.asarray(rewards), None)
 
     def z(x):
         return (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)

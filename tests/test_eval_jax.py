@@ -73,7 +73,7 @@ def trained_run(tmp_path_factory):
     from jaxrl import train_step as ts
     from jaxrl.checkpoint import Checkpointer
     from jaxrl.config import load_config, to_yaml
-    from jaxrl.trainer import build_model
+    from jaxrl.saved_run import build_model
     from models import sharding as msh
 
     run = tmp_path_factory.mktemp("run")
@@ -97,7 +97,8 @@ def test_open_checkpoint_restores_the_saved_policy(trained_run):
     from flax import nnx
 
     from jaxrl.eval.sources import SourceError, open_checkpoint
-    from jaxrl.trainer import TrainError, locate_run
+    from jaxrl.errors import TrainError
+    from jaxrl.saved_run import locate_run
 
     run, saved = trained_run
     assert locate_run(run) == (run, run / "checkpoints", None)

@@ -143,7 +143,8 @@ def test_trainer_metrics_count_unverifiable_rollouts_and_leave_them_out_of_rollo
         token_ids, budget_hit, finish_reason = [1, 2], False, "stop"
 
     cols = M.rollout_columns(scores, [Completion()] * 3, [False] * 3, think_end_id=99)
-    m = M.rollout_metrics(cols, np.asarray([[s.unit, 0.0] for s in scores], np.float64), ("unit", "f1"))
-    assert m["reward/unverifiable"] == pytest.approx(2 / 3)
+    m = M.rollout_metrics(cols, np.asarray([[s.unit, 0.0] for s in scores], np.float64), ("unit", "f1"),
+                          group_size=3)
+    assert m["reward/unverifiable"] == 2.0
     assert m["rollout/pass"] == 1.0 and m["rollout/reward"] == pytest.approx(2 / 3)
     assert m["reward/unit"] == pytest.approx(1 / 3)  # what the advantages saw: unverifiable rollouts get 0

@@ -1,5 +1,6 @@
 """Trainer stages one by one: task stream, rollout rows, reward terms, reward pipeline, metrics."""
 
+import dataclasses
 import json
 import math
 
@@ -131,22 +132,29 @@ def _score(unit, f1, lines, valid=True):
 
 
 def test_terms_and_weights_per_algorithm():
+    from jaxrl import algorithms as AL
+
     buggy = Task("t", "b", "p", "a = 1\nb = 2\nc = 3\n", "a = 1\nb = 3\nc = 3\n", AssertTests("assert True\n"))
     clean = Task("c", "b", "p", "a = 1\n", "a = 1\n", AssertTests("assert True\n"))
     s = _score(1, 0.5, 2)
     invalid = _score(0, None, None, valid=False)
-    assert R.terms("precisecoder", s, buggy) == (1.0, 0.5) and R.term_weights("precisecoder", 0.25) == (0.75, 0.25)
-    assert R.terms("grpo_f1sum", invalid, buggy) == (0.0, 0.0)
+
+    def values(name, score, task, lam=1 / 3):
+        return AL.resolve(name, None, None, None, {}, lam).term_values(score, task)
+
+    assert values("precisecoder", s, buggy) == (1.0, 0.5) and AL.parts("precisecoder", None, None, 0.25)[1] == (0.75, 0.25)
+    assert values("grpo_f1sum", invalid, buggy) == (0.0, 0.0)
     for name in ("grpo", "drgrpo", "rloo"):
-        assert R.terms(name, s, buggy) == (1.0,) and R.term_weights(name, 1 / 3) == (1.0,)
-    assert R.terms("ea_grpo", s, buggy) == (1.0, 2.0)
-    assert R.terms("grpo_clean_rows", invalid, buggy) == (0.0, 3.0, 0.0)  # invalid: ℓ = non-blank lines of C
-    assert R.terms("grpo_clean_rows", s, clean) == (1.0, 2.0, 1.0)
-    for name, est in R.ESTIMATOR.items():  # every algorithm runs end to end through its estimator
-        k = len(R.TERM_NAMES[name])
-        r = np.random.default_rng(0).integers(0, 3, (3, 4, k)).astype(np.float32)
-        adv = A.compute_advantages(A.AdvantageConfig(est, R.term_weights(name, 1 / 3)), jnp.asarray(r))
-        assert adv.shape == (3, 4) and np.isfinite(np.asarray(adv)).all()
+        assert values(name, s, buggy) == (1.0,) and AL.parts(name, None, None, 1 / 3)[1] == (1.0,)
+    assert values("ea_grpo", s, buggy) == (1.0, 2.0)
+    assert values("grpo_clean_rows", invalid, buggy) == (0.0, 3.0, 0.0)  # invalid: ℓ = non-blank lines of C
+    assert values("grpo_clean_rows", s, clean) == (1.0, 2.0, 1.0)
+    # the other registered terms, each a pure function of the score row
+    row = Score(task_id="t", valid=True, unit=0, precision=0.5, recall=0.25, f1=0.3, edited_lines=4, faults=1,
+                faults_fixed=0, noop=False, damage=None, reward=0.0)
+    got = {t: AL.get_term(t)(row, buggy) for t in ("precision", "recall", "gated_recall", "lines", "noop")}
+    assert got == {"precision": 0.5, "recall": 0.25, "gated_recall": 0.0, "lines": -4.0, "noop": 0.0}
+    assert AL.get_term("gated_recall")(dataclasses.replace(row, unit=1), buggy) == 0.25
 
 
 def test_reward_pipeline_equals_sequential_scoring():
@@ -176,8 +184,11 @@ def test_rollout_metrics_and_writer(tmp_path):
     scores = [_score(1, 1.0, 1), _score(0, 0.0, 3), _score(0, None, None, valid=False)]
     comps = [_completion([1, 2, 99, 3], [0] * 4), _completion([1, 2], [0] * 2), _completion([4], [0])]
     cols = M.rollout_columns(scores, comps, [True, True, True], think_end_id=99)
-    m = M.rollout_metrics(cols, np.asarray([[1, 1.0], [0, 0.0], [0, 0.0]]), ("unit", "f1"))
+    m = M.rollout_metrics(cols, np.asarray([[1, 1.0], [0, 0.0], [0, 0.0]]), ("unit", "f1"), group_size=3)
     assert m["rollout/pass"] == pytest.approx(1 / 3) and m["rollout/edited_lines"] == 2.0
+    assert m["rollout/edited_lines_pass"] == 1.0  # the passing rollout's line, not the failing one's 3
+    assert (m["groups/all_pass"], m["groups/all_fail"], m["groups/mixed"]) == (0.0, 0.0, 1.0)
+    assert m["reward/unverifiable"] == 0.0
     assert m["rollout/thinking_tokens"] == pytest.approx((3 + 2 + 1) / 3)
     assert m["rollout/valid"] == pytest.approx(2 / 3) and m["reward/unit"] == pytest.approx(1 / 3)
     w = M.MetricsWriter(tmp_path, tensorboard=True)
@@ -195,6 +206,24 @@ def test_rollout_metrics_and_writer(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_group_composition_passing_lines_and_unverifiable_count():
+    """Two groups of two: one all-pass, one mixed; `reward/unverifiable` counts score rows whose
+    `status` is "unverifiable" (the scorer's verification status, where it sets one)."""
+    import types
+
+    rows = [_score(1, 1.0, 2), _score(1, 0.5, 4), _score(1, 1.0, 6), _score(0, 0.0, 30)]
+    rows = [types.SimpleNamespace(**dataclasses.asdict(r), status=st)
+            for r, st in zip(rows, ("verified", "unverifiable", None, "unverifiable"))]
+    comps = [_completion([1, 2], [0, 0])] * 4
+    m = M.rollout_metrics(M.rollout_columns(rows, comps, [True] * 4, think_end_id=99), np.zeros((4, 1)), ("unit",),
+                          group_size=2)
+    assert m["rollout/edited_lines_pass"] == 4.0 and m["rollout/edited_lines"] == 10.5
+    assert (m["groups/all_pass"], m["groups/all_fail"], m["groups/mixed"]) == (0.5, 0.0, 0.5)
+    assert m["reward/unverifiable"] == 2.0
+    all_fail = M.group_composition(np.zeros((3, 4)))
+    assert all_fail == {"groups/all_pass": 0.0, "groups/all_fail": 1.0, "groups/mixed": 0.0}
+
+
 def test_undivided_mesh_axes_are_reported():
     from models import sharding as msh
 
@@ -204,14 +233,6 @@ def test_undivided_mesh_axes_are_reported():
     found = msh.undivided(params, msh.make_mesh(1, 2, 4), msh.RULES)
     assert len(found) == 2 and all("kv_heads, size 2" in f and "['tensor']" in f for f in found)
     assert msh.undivided(params, msh.make_mesh(1, 4, 2), msh.RULES) == []
-
-
-def test_response_text_drops_the_stop_token_that_ended_it():
-    stops = ("<|im_end|>", "<|endoftext|>")
-    done = Completion((1,), (0.0,), "stop", "```python\nx = 1\n```<|im_end|>", None, "")
-    assert R.response_text(done, stops) == "```python\nx = 1\n```"
-    cut = Completion((1,), (0.0,), "length", "text <|im_end|>", None, "")
-    assert R.response_text(cut, stops) == "text <|im_end|>"
 
 
 def test_hosts_initialize_joins_only_when_asked(monkeypatch):

@@ -39,7 +39,7 @@ class DemoConfig:
 
     Attributes:
         seeds: seeds 0 .. seeds − 1, each with its own tasks, base policy and RL runs.
-        methods: RL algorithms (names of `jaxrl.config.ALGORITHMS`), each from the same base.
+        methods: RL algorithms (names of `jaxrl.algorithms.algorithm_names()`), each from the same base.
         domain: the generator's sizes and probabilities.
         sft_tasks, train_tasks, test_tasks, clean_tasks: task counts of the four disjoint sets.
         hidden, layers, heads: the policy's shape (`jaxrl.demo.policy`).
@@ -193,7 +193,9 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     import models
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
-    from jaxrl.trainer import load_policy, train
+    from jaxrl.preflight import has_checkpoint
+    from jaxrl.saved_run import load_policy
+    from jaxrl.trainer import train
 
     timing: dict[str, float] = {}
     start = time.perf_counter()
@@ -233,7 +235,7 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         else:
             log(f"[seed {seed}] RL {method}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
                 f"G = {cfg.group_size}")
-            train(run_cfg, resume=(run_dir / "config.yaml").is_file(), tokenizer=load_demo_tokenizer())
+            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=load_demo_tokenizer())
         timing[f"rl_{method}_s"] = time.perf_counter() - t
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()

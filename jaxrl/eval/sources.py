@@ -50,10 +50,11 @@ def open_hf_model(path: str, dtype: str) -> tuple[Engine, QwenTokenizer, dict[st
 
 
 def open_checkpoint(directory: str, dtype: str | None = None) -> tuple[Engine, QwenTokenizer, dict[str, Any]]:
-    """The jax engine over the policy of a trainer checkpoint (`jaxrl.trainer.load_policy`: a run
+    """The jax engine over the policy of a trainer checkpoint (`jaxrl.saved_run.load_policy`: a run
     directory, its checkpoints/ or best/, or a step directory in them), at compute `dtype`
     (default: the run's)."""
-    from jaxrl.trainer import TrainError, load_policy  # noqa: PLC0415  (JAX only for the embedded engine)
+    from jaxrl.errors import TrainError  # noqa: PLC0415
+    from jaxrl.saved_run import load_policy  # noqa: PLC0415  (JAX only for the embedded engine)
     from models import sharding as msh  # noqa: PLC0415
 
     mesh = msh.make_mesh(1, -1, 1)

@@ -1,0 +1,151 @@
+"""One RL step, stage by stage: sample → score → advantages → update → push weights.
+
+`step(run, state, tasks, index)` is the paper's step. Its stages pass one host-local
+table, `Rollouts`, one row per (task, completion) in group order (row n·G + g is
+completion g of task n); each stage fills its columns:
+
+    sample      engine.generate            tasks, prompt ids, completions
+    score       jaxrl.rewards              score rows, reward terms (`jaxrl.algorithms`)
+    advantages  the algorithm's estimator  advantages (over the global batch, jitted)
+    update      jaxrl.train_step           the jitted, sharded, micro-batched update
+    push        engine.update_weights      the new weights to the engine
+
+A new rollout kind replaces `sample` (and, where its rows differ, `update`'s batch);
+a new algorithm is an entry of `jaxrl.algorithms`. Nothing here imports the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from jaxrl import hosts
+from jaxrl import metrics as M
+from jaxrl import rewards as R
+from jaxrl.batching import make_batch, rollout_rows, to_global
+from jaxrl.errors import TrainError
+from jaxrl.rollout import Completion, SamplingParams
+from jaxrl.tasks import Rendered
+from jaxrl.train_step import TrainState
+from models import sharding as msh
+from reward.schema import Task
+from reward.score import Score
+
+if TYPE_CHECKING:
+    from jaxrl.run import Run
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+    """One step's rollouts on this host, one row per completion, in group order.
+
+    Attributes:
+        tasks, prompt_ids, think_opened: of the row's task.
+        completions: what the engine sampled.
+        scores: score rows (after `score`).
+        terms_RxK: the algorithm's reward terms (after `score`).
+        advantages_R: one advantage per row (after `advantages`).
+    """
+
+    tasks: tuple[Task, ...]
+    prompt_ids: tuple[tuple[int, ...], ...]
+    think_opened: tuple[bool, ...]
+    completions: tuple[Completion, ...]
+    scores: tuple[Score, ...] = ()
+    terms_RxK: np.ndarray | None = None
+    advantages_R: np.ndarray | None = None
+
+    def groups(self, g: int) -> list[list[Completion]]:
+        """Completions per task (G each)."""
+        return [list(self.completions[i:i + g]) for i in range(0, len(self.completions), g)]
+
+
+def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
+    """G completions per task from the engine, with the step's sampling seed."""
+    r = run.cfg.rollout
+    seed = int(jax.random.randint(jax.random.fold_in(run.rng, index), (), 0, 2 ** 31 - 1))
+    params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                            max_tokens=r.max_tokens, thinking_budget=r.thinking_budget, seed=seed)
+    try:
+        groups = run.engine.generate([t.prompt_ids for t in tasks], params)
+    except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
+        raise TrainError(f"step {index + 1}: the rollout engine failed ({type(e).__name__}: {e}); "
+                         f"continue from the last checkpoint with --resume") from e
+    rows = [(t, c) for t, group in zip(tasks, groups, strict=True) for c in group]
+    return Rollouts(tuple(t.task for t, _ in rows), tuple(t.prompt_ids for t, _ in rows),
+                    tuple(t.think_opened for t, _ in rows), tuple(c for _, c in rows))
+
+
+def score(run: Run, rollouts: Rollouts) -> Rollouts:
+    """Score rows on the fleet and the algorithm's reward terms of each."""
+    pairs = [(t, R.prediction_of(t, c.text, opened))
+             for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
+    scores = tuple(run.scorer(pairs))
+    terms = np.asarray([run.algorithm.term_values(s, t) for s, t in zip(scores, rollouts.tasks)], np.float32)
+    return dataclasses.replace(rollouts, scores=scores, terms_RxK=terms.reshape(len(scores), -1))
+
+
+def advantages(run: Run, rollouts: Rollouts) -> tuple[Rollouts, np.ndarray, np.ndarray, np.ndarray]:
+    """The estimator over the global batch; this host's rows keep their share.
+
+    Returns:
+        (rollouts with advantages, global metric columns, global terms `[R, K]`, global advantages `[N, G]`).
+    """
+    columns = hosts.gather_rows(M.rollout_columns(rollouts.scores, rollouts.completions,
+                                                  [not t.is_clean for t in rollouts.tasks],
+                                                  run.tokenizer.think_end_id))
+    terms = hosts.gather_rows(rollouts.terms_RxK)
+    g = run.cfg.rollout.group_size
+    lengths = columns[:, M.COLUMNS.index("response_tokens")].reshape(-1, g)
+    adv_NxG = np.asarray(run.advantages_fn(terms.reshape(-1, g, terms.shape[1]), lengths))
+    n, pi = len(rollouts.completions), jax.process_index()
+    local = adv_NxG.reshape(-1)[pi * n:(pi + 1) * n]
+    return dataclasses.replace(rollouts, advantages_R=local), columns, terms, adv_NxG
+
+
+def update(run: Run, state: TrainState, rollouts: Rollouts) -> tuple[TrainState, dict[str, float]]:
+    """One policy update on the rollouts (with reference log-probs when the loss has a KL term)."""
+    g = run.cfg.rollout.group_size
+    rows = rollout_rows(rollouts.prompt_ids[::g], rollouts.groups(g), run.prompt_len, run.cfg.rollout.max_tokens,
+                        run.tokenizer.pad_id)
+    batch = to_global(make_batch(rows, rollouts.advantages_R),
+                      dataclasses.replace(run.batch_shardings, ref_logp_BxT=None))
+    if run.ref_params is not None:
+        with msh.use_mesh(run.mesh, run.rules):
+            batch = batch.replace(ref_logp_BxT=run.ref_fn(run.ref_params, batch.tokens_BxT, batch.segment_ids_BxT))
+    state, metrics = run.step_fn(state, batch)
+    out = {f"update/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+    out["update/param_norm"] = float(run.param_norm_fn(state.params))
+    return state, out
+
+
+def push(run: Run, state: TrainState, index: int) -> None:
+    """The updated weights to the engine."""
+    try:
+        run.engine.update_weights(run.model_of(state), step=index + 1)
+    except Exception as e:  # noqa: BLE001
+        raise TrainError(f"step {index + 1}: pushing weights to the engine failed ({type(e).__name__}: {e}); "
+                         f"continue from the last checkpoint with --resume") from e
+
+
+def step(run: Run, state: TrainState, tasks: Sequence[Rendered], index: int,
+         timer: M.StageTimer | None = None) -> tuple[TrainState, dict[str, Any]]:
+    """Step `index` (0-based) on this host's `tasks`: the new state and the step's metrics."""
+    timer = timer or M.StageTimer()
+    with timer("rollout"):
+        rollouts = sample(run, tasks, index)
+    with timer("reward"):
+        rollouts = score(run, rollouts)
+    with timer("advantages"):
+        rollouts, columns, terms, adv_NxG = advantages(run, rollouts)
+    with timer("update"):
+        state, update_metrics = update(run, state, rollouts)
+    with timer("push"):
+        push(run, state, index)
+    metrics = {**M.rollout_metrics(columns, terms, run.algorithm.terms, run.cfg.rollout.group_size),
+               **update_metrics, "advantage/abs_mean": float(np.abs(adv_NxG).mean())}
+    return state, metrics
