@@ -44,7 +44,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from jaxrl import tasks as T
     from jaxrl.pool import PoolError, build_pool, settings_of
-    from jaxrl.trainer import TrainError, build_model, make_engine_for
+    from jaxrl.errors import TrainError
+    from jaxrl.run import make_engine_for
+    from jaxrl.saved_run import build_model
     from models import sharding as msh
     from models.tokenizer import load_tokenizer
     from reward.fleet import Fleet

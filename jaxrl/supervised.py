@@ -238,7 +238,7 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
 
     `tokenizer` replaces the Qwen tokenizer of `cfg.model.family`.
     """
-    from jaxrl.trainer import build_model
+    from jaxrl.saved_run import build_model
     from models.tokenizer import load_tokenizer
 
     out = Path(cfg.run.out).expanduser()
@@ -351,7 +351,7 @@ class _Validator:
         self.engine = None
 
     def __call__(self, model: nnx.Module, tasks: list, seed: int, step: int) -> dict[str, float]:
-        from jaxrl.trainer import make_engine_for
+        from jaxrl.run import make_engine_for
         from jaxrl.validate import validate
 
         if self.engine is None:

@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxrl.config import Config, from_dict
 from jaxrl.supervised import SupervisedConfig, SupervisedError, batch_indices, train_supervised
-from jaxrl.trainer import load_policy
+from jaxrl.saved_run import load_policy
 from reward.schema import load_tasks, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]
