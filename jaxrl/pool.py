@@ -82,13 +82,12 @@ def settings_of(cfg: Any, n: int, seed: int | None = None) -> PoolSettings:
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
 
 
-def pool_rows(rendered: T.Rendered, completions: Sequence[Completion], scores: Sequence[Score],
-              stops: Sequence[str]) -> list[dict[str, Any]]:
+def pool_rows(rendered: T.Rendered, completions: Sequence[Completion], scores: Sequence[Score]) -> list[dict[str, Any]]:
     """The rows of one task's samples, in sample order."""
-    return [{"task_id": rendered.task.task_id, "sample": k, "text": R.response_text(c, stops),
+    return [{"task_id": rendered.task.task_id, "sample": k, "text": c.text,
              "token_ids": list(c.token_ids), "unit": s.unit, "precision": s.precision, "recall": s.recall,
              "f1": s.f1, "edited_lines": s.edited_lines, "valid": s.valid, "think_opened": rendered.think_opened,
-             "finish_reason": c.finish_reason}
+             "finish_reason": c.finish_reason, "status": s.status}
             for k, (c, s) in enumerate(zip(completions, scores))]
 
 
@@ -164,7 +163,6 @@ def build_pool(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: 
         raise PoolError(f"batch size must be >= 1, got {batch_size}")
     run = {"settings": dataclasses.asdict(settings), "model": dict(model or {}), "tasks": [t.task_id for t in tasks]}
     log = PoolLog(out_dir, run, settings.n)
-    stops = R.stop_texts(tokenizer)
     limits = Limits(timeout_s=settings.timeout_s)
     bar = tqdm(total=len(tasks), initial=len(log.done), desc="pool", unit="task", disable=not progress,
                smoothing=0.1)
@@ -180,12 +178,12 @@ def build_pool(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: 
             except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
                 raise PoolError(f"the engine failed ({type(e).__name__}: {e}); the {len(log.done)} tasks done "
                                 f"are kept in {log.dir / POOL}, rerun the same command to continue") from e
-            items = [(r.task, R.prediction_of(r.task, R.response_text(c, stops), r.think_opened))
+            items = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
                      for r, group in zip(todo, groups) for c in group]
             scores = score_predictions(items, fleet.run, lam=settings.lam, epsilon=settings.epsilon,
                                        limits=limits, window_batch=2 * fleet.num_workers)
             rows = [row for i, (r, group) in enumerate(zip(todo, groups))
-                    for row in pool_rows(r, group, scores[i * settings.n:(i + 1) * settings.n], stops)]
+                    for row in pool_rows(r, group, scores[i * settings.n:(i + 1) * settings.n])]
             log.append(rows)
             for r in todo:
                 log.done[r.task.task_id] = [row for row in rows if row["task_id"] == r.task.task_id]

@@ -21,7 +21,7 @@ from reward.score import score_predictions
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "reward" / "examples" / "tasks.jsonl"
 FIELDS = {"task_id", "sample", "text", "token_ids", "unit", "precision", "recall", "f1", "edited_lines", "valid",
-          "think_opened", "finish_reason"}
+          "think_opened", "finish_reason", "status"}
 SETTINGS = PoolSettings(n=4, max_tokens=2048, thinking_budget=None)
 
 

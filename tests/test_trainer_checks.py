@@ -46,8 +46,8 @@ def cfg_file(tmp_path):
     (["rollout.engine=nosuch"], "rollout.engine: unknown engine 'nosuch'"),
     (["mesh.data=3"], "mesh: 8 devices do not split"),
     (["run.micro_batches=3"], "run.micro_batches=3 does not divide the 8 rollouts"),
-    (["data.train=missing.jsonl"], "data.train: no such file missing.jsonl"),
-    (["model.checkpoint=.", "model.architecture=null"], "model.checkpoint: no config.json in ."),
+    (["data.train=missing.jsonl"], "data.train: no such file /"),  # paths are resolved where they enter
+    (["model.checkpoint=.", "model.architecture=null"], "model.checkpoint: no config.json in /"),
     (["rollout.options={tasks: [1"], "is not valid YAML"),
     (["run.stepz=3"], "unknown key run.stepz"),
 ])

@@ -207,17 +207,14 @@ def test_rollout_metrics_and_writer(tmp_path):
 
 
 def test_group_composition_passing_lines_and_unverifiable_count():
-    """Two groups of two: one all-pass, one mixed; `reward/unverifiable` counts score rows whose
-    `status` is "unverifiable" (the scorer's verification status, where it sets one)."""
-    import types
-
+    """Two groups of two: one all-pass, one mixed (over every rollout); `reward/unverifiable` counts
+    score rows whose `status` is "unverifiable", and the `rollout/*` means leave them out."""
     rows = [_score(1, 1.0, 2), _score(1, 0.5, 4), _score(1, 1.0, 6), _score(0, 0.0, 30)]
-    rows = [types.SimpleNamespace(**dataclasses.asdict(r), status=st)
-            for r, st in zip(rows, ("verified", "unverifiable", None, "unverifiable"))]
+    rows = [dataclasses.replace(r, status=st) for r, st in zip(rows, ("scored", "unverifiable", "scored", "unverifiable"))]
     comps = [_completion([1, 2], [0, 0])] * 4
     m = M.rollout_metrics(M.rollout_columns(rows, comps, [True] * 4, think_end_id=99), np.zeros((4, 1)), ("unit",),
                           group_size=2)
-    assert m["rollout/edited_lines_pass"] == 4.0 and m["rollout/edited_lines"] == 10.5
+    assert m["rollout/edited_lines_pass"] == 4.0 and m["rollout/edited_lines"] == 4.0
     assert (m["groups/all_pass"], m["groups/all_fail"], m["groups/mixed"]) == (0.5, 0.0, 0.5)
     assert m["reward/unverifiable"] == 2.0
     all_fail = M.group_composition(np.zeros((3, 4)))
