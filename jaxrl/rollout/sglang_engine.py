@@ -270,24 +270,42 @@ class SGLangEngine(Engine):
         """Write `model` (an nnx model; or a directory already written) as HF safetensors and load it everywhere.
 
         With an nnx model, every process of a multi-host trainer must call this
-        (`save_pretrained` gathers the shards; process 0 writes and tells the servers).
+        (`save_pretrained` gathers the shards; process 0 writes and tells the servers), and
+        no process returns before every server acknowledged the new weights: process 0's
+        outcome is shared with all hosts (a collective, hence a barrier), so no host can
+        sample the next step from the old weights, and a failed push fails on every host.
         """
         if isinstance(model, (str, os.PathLike)):
-            path, writer = Path(model), True
-        else:
-            if self.weights_dir is None:
-                raise ValueError("update_weights needs weights_dir, a directory the servers can read")
-            import jax
-
-            from models.checkpoint import save_pretrained
-
-            path = self.weights_dir / f"step-{step:08d}"
-            save_pretrained(model, path)
-            writer = jax.process_index() == 0
-            if writer and self.tokenizer is not None:
-                self.tokenizer.save_pretrained(path)
-        if not writer:
+            self._push(Path(model), step)
             return
+        if self.weights_dir is None:
+            raise ValueError("update_weights needs weights_dir, a directory the servers can read")
+        import jax
+
+        from jaxrl import hosts
+        from models.checkpoint import save_pretrained
+
+        path = self.weights_dir / f"step-{step:08d}"
+        save_pretrained(model, path)
+        failure = None
+        if jax.process_index() == 0:
+            try:
+                if self.tokenizer is not None:
+                    self.tokenizer.save_pretrained(path)
+                self._push(path, step)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other hosts heard of it
+                failure = e
+        failures = hosts.gather_json(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        if failures[0] is not None:
+            raise RuntimeError(f"process 0 could not push the weights of step {step}: {failures[0]}")
+        self._written.append(path)
+        while len(self._written) > self.keep_weights:
+            shutil.rmtree(self._written.pop(0), ignore_errors=True)
+
+    def _push(self, path: Path, step: int) -> None:
+        """`/update_weights_from_disk` then `/flush_cache` on every server; returns once each answered."""
         body = {"model_path": str(path.resolve()), "weight_version": str(step), "flush_cache": True}
         for url in self.servers:
             try:
@@ -305,10 +323,6 @@ class SGLangEngine(Engine):
                 self._drop(url, e)
         if not self.servers:
             raise RuntimeError("every sglang server has been dropped from the pool")
-        if not isinstance(model, (str, os.PathLike)):
-            self._written.append(path)
-            while len(self._written) > self.keep_weights:
-                shutil.rmtree(self._written.pop(0), ignore_errors=True)
 
 
 @register_engine("sglang")
