@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("reward.score_cli", "score predictions with the PreciseCoder reward"),
     "generate": ("jaxrl.generate_cli", "sample completions for JSONL prompts with the jax, sglang or openai engine"),
     "train": ("jaxrl.train_cli", "train a policy with RL (GDPO and the baselines) from a config"),
+    "serve": ("jaxrl.serve_cli", "serve a model with sglang-jax, weight updates included, for the sglang engine"),
     "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
 }
 

@@ -34,6 +34,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -300,9 +301,24 @@ class SGLangEngine(Engine):
             raise failure
         if failures[0] is not None:
             raise RuntimeError(f"process 0 could not push the weights of step {step}: {failures[0]}")
-        self._written.append(path)
-        while len(self._written) > self.keep_weights:
-            shutil.rmtree(self._written.pop(0), ignore_errors=True)
+        if jax.process_index() == 0:
+            self._written.append(path)
+            while len(self._written) > self.keep_weights:
+                shutil.rmtree(self._written.pop(0), ignore_errors=True)
+
+    def _flush(self, url: str, tries: int = 20) -> None:
+        """`POST /flush_cache`; SGLang refuses it (400) while a finished batch is still being retired."""
+        for attempt in range(tries):
+            try:
+                self._call(url, "POST", "/flush_cache")
+                return
+            except ServerDown as e:
+                self._drop(url, e)
+                return
+            except ValueError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(self.retry.wait(1))
 
     def _push(self, path: Path, step: int) -> None:
         """`/update_weights_from_disk` then `/flush_cache` on every server; returns once each answered."""
@@ -317,15 +333,28 @@ class SGLangEngine(Engine):
                 answer = str(e)
             if not (isinstance(answer, dict) and answer.get("success")):
                 raise RuntimeError(f"{url} could not load the weights of step {step} from {path}: {answer}")
-            try:
-                self._call(url, "POST", "/flush_cache")
-            except ServerDown as e:
-                self._drop(url, e)
+            self._flush(url)
         if not self.servers:
             raise RuntimeError("every sglang server has been dropped from the pool")
 
 
 @register_engine("sglang")
-def make_sglang_engine(urls: Sequence[str], tokenizer: Any = None, **kwargs: Any) -> SGLangEngine:
-    """`make_engine("sglang", urls=[...], tokenizer=..., weights_dir=...)`: see `SGLangEngine`."""
-    return SGLangEngine(urls, tokenizer, **kwargs)
+def make_sglang_engine(urls: Sequence[str], tokenizer: Any = None, model: Any = None, mesh: Any = None,
+                       rules: Any = None, **kwargs: Any) -> SGLangEngine:
+    """`make_engine("sglang", urls=[...], tokenizer=..., weights_dir=...)`: see `SGLangEngine`.
+
+    Given the trainer's `model` (the trainer passes it, with its mesh and rules, which the
+    servers do not need), the engine pushes it at once, so that the first rollouts come from
+    the policy being trained (or resumed), not from whatever the servers were launched on.
+    """
+    del mesh, rules
+    engine = SGLangEngine(urls, tokenizer, **kwargs)
+    if model is not None:
+        if engine.weights_dir is None:
+            raise ValueError("training with the sglang engine needs rollout.options.weights_dir, a directory "
+                             "every server can read, for the weight pushes")
+        try:
+            engine.update_weights(model, step=0)
+        except RuntimeError as e:
+            raise ValueError(f"pushing the initial weights to the servers failed: {e}") from None
+    return engine
