@@ -53,9 +53,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_LIBC = ctypes.CDLL(None)
+
+
 def _die_with_parent() -> None:
     """In the child: SIGTERM when the test process dies, even killed (Linux; survives the exec)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _answers(url: str) -> bool:

@@ -14,7 +14,6 @@ recompiles) and flushes the prefix cache.
 Usage: PY sglang_jax_server.py --model-path DIR --port P [--host H] [--device cpu|tpu] [...]
 """
 
-
 import argparse
 import asyncio
 import os
@@ -29,7 +28,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
 # CPU caps that fit a small machine (the sglang-jax defaults ask for ~141 GB at start there);
 # on TPU its own defaults apply unless given. One running request at a time: on the CPU with
 # the native attention backend, sglang-jax 0.1.0rc0 decodes wrong tokens for some rows of a
-# batch of several requests (greedy, float32; tests/test_sglang_jax.py shows one at a time is exact).
+# batch of several requests (greedy, float32; docs/pods.md, "Findings"), one at a time is exact.
 CPU_DEFAULTS = {"max_total_tokens": 4096, "context_length": 1024, "max_running_requests": 1,
                 "chunked_prefill_size": 512, "max_prefill_tokens": 512}
 FLUSH_TRIES = 50  # the scheduler refuses a flush while it finishes its last batch: try again
