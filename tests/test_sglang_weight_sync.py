@@ -2,7 +2,7 @@
 
 Only process 0 posts `/update_weights_from_disk`; process 1 must not send the next step's
 `/generate` before that update has been answered. The fake takes 3 s per update, so a host
-that did not wait would show up as a `/generate` arriving inside an update.
+that did not wait would show up as a `/generate` arriving inside an update or before it.
 """
 
 import pytest
@@ -27,17 +27,26 @@ def test_no_host_samples_before_the_servers_acknowledged_the_update(tmp_path):
     finally:
         server.close()
     assert [r["step"] for r in records(out)] == [1, 2]
-    kinds = [k for _, k in sorted(server.events)]
-    # the initial push, then one per step; each update answered before any later /generate arrived
-    assert kinds.count("update") == kinds.count("updated") == 3
-    inside, generated = False, 0
-    for kind in kinds:
+    events = sorted(server.events, key=lambda e: e[0])
+    kinds = [k for _, k, _ in events]
+    # the initial push, then one after each step
+    assert kinds.count("update") == kinds.count("updated") == 3 and kinds[:2] == ["update", "updated"]
+    # Between the answer to update k-1 and the start of update k lie exactly step k's rollouts:
+    # one first request per prompt, which asks for the most tokens (a continuation asks for
+    # fewer). A host that did not wait for update k-1 would put its step-(k+1) requests into
+    # this window or inside the update.
+    windows, inside = [[]], False
+    for _, kind, body in events:
         if kind == "update":
             inside = True
         elif kind == "updated":
             inside = False
+            windows.append([])
         else:
             assert not inside, f"a /generate reached the server during a weight update: {kinds}"
-            generated += 1
-    # both hosts sampled every step (4 prompts per step over 2 hosts), and validation after the last push
-    assert generated >= 2 * 4 and kinds[0] == "update" and kinds[1] == "updated"
+            windows[-1].append(body["sampling_params"][0]["max_new_tokens"])
+    assert windows[0] == []  # nothing sampled before the initial policy was pushed
+    first = max(windows[1] + windows[2])
+    for step, window in zip((1, 2), windows[1:3]):
+        assert window.count(first) == 4, (step, window)  # 4 prompts per step over the 2 hosts
+    assert windows[3]  # validation, after the last push

@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--random-seed", type=int, default=0)
     for name in CPU_DEFAULTS:
         p.add_argument("--" + name.replace("_", "-"), type=int)
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix cache (sglang-jax requires it for Qwen3.5's recurrent state)")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -55,10 +57,13 @@ def server_args(args: argparse.Namespace):
 
     kwargs = {name: getattr(args, name) for name in CPU_DEFAULTS if getattr(args, name) is not None}
     if args.device == "cpu":
-        kwargs = {**CPU_DEFAULTS, **kwargs, "attention_backend": "native", "disable_precompile": True}
+        # the fused gated-delta prefill (Qwen3.5's linear attention) needs a TPU mesh; its pure-JAX one runs anywhere
+        kwargs = {**CPU_DEFAULTS, **kwargs, "attention_backend": "native", "disable_precompile": True,
+                  "gdn_prefill_impl": "chunked_jax"}
     return ServerArgs(model_path=args.model_path, host=args.host, port=args.port, device=args.device,
                       dtype=args.dtype, tp_size=args.tp_size, random_seed=args.random_seed,
-                      skip_tokenizer_init=True, enable_single_process=True, log_level=args.log_level, **kwargs)
+                      skip_tokenizer_init=True, enable_single_process=True, log_level=args.log_level,
+                      disable_radix_cache=args.disable_radix_cache, **kwargs)
 
 
 class WeightSwapper:
