@@ -17,7 +17,7 @@ if [ "$extras" = sglang-jax ]; then
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     py="${SGLANG_JAX_PYTHON:-}"
     if [ -z "$py" ]; then
-      for c in python3.13 python3.12 "$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.12"; do
+      for c in python3.12 python3.13; do
         if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
           py="$c"; break
         fi
