@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp-size", type=int, default=1, help="devices per server (tensor parallel)")
     parser.add_argument("--max-running-requests", type=int,
                         help="requests decoded together (default on cpu: 1, see docs/pods.md; on tpu: sglang-jax's)")
+    parser.add_argument("--disable-radix-cache", action="store_true",
+                        help="no prefix cache (sglang-jax requires it for Qwen3.5's recurrent state)")
     parser.add_argument("--python", help=f"sglang-jax's Python (default: {VENV.name}/bin/python at the repo root, "
                                          "then $SGLANG_JAX_PYTHON)")
 
@@ -45,7 +47,8 @@ def server_command(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--port {args.port}: not a port")
     return [python, str(SERVER), "--model-path", str(model.resolve()), "--host", args.host, "--port", str(args.port),
             "--device", args.device, "--dtype", args.dtype, "--tp-size", str(args.tp_size),
-            *(["--max-running-requests", str(args.max_running_requests)] if args.max_running_requests else [])]
+            *(["--max-running-requests", str(args.max_running_requests)] if args.max_running_requests else []),
+            *(["--disable-radix-cache"] if args.disable_radix_cache else [])]
 
 
 def main(args: argparse.Namespace) -> int:
