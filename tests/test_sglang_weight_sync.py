@@ -18,7 +18,10 @@ def test_no_host_samples_before_the_servers_acknowledged_the_update(tmp_path):
         cfg = write_config(tmp_path / "sync.yaml", out,
                            rollout={"engine": "sglang", "options": {"urls": [server.url],
                                                                     "weights_dir": str(tmp_path / "weights")}},
-                           data={"tasks_per_step": 4}, run={"steps": 2, "eval_every": 0, "save_every": 0})
+                           data={"tasks_per_step": 4},
+                           # no best checkpoint: its async save next to the last step's has failed in
+                           # Orbax's multi-host barrier here ("Barrier ... set_value_start is already ongoing")
+                           run={"steps": 2, "eval_every": 0, "save_every": 0, "best_metric": None})
         port = free_port()
         procs = [train("--config", cfg, "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
                        "--process-id", i, devices=4) for i in range(2)]
