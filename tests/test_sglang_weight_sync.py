@@ -10,7 +10,7 @@ from fake_servers import FakeSGLang
 from test_train_e2e import finish, free_port, records, train, write_config
 
 
-@pytest.mark.slow  # two `precisecoder train` processes, 3 s per weight update: 9 min here at load average 30
+@pytest.mark.slow  # two `precisecoder train` processes, 3 s per weight update: 1.8 to 9 min here (load average 5 to 30)
 def test_no_host_samples_before_the_servers_acknowledged_the_update(tmp_path):
     server = FakeSGLang(update_delay=3.0)
     try:
