@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pool": ("jaxrl.pool_cli", "sample n completions per training task and score them: the baselines' pool"),
     "select": ("jaxrl.select_cli", "select SFT targets, DPO pairs or RECAP refiner examples from a scored pool"),
     "supervised": ("jaxrl.supervised_cli", "train a supervised baseline (SFT, DPO, the RECAP refiner) on selected rows"),
+    "serve": ("jaxrl.serve_cli", "serve a model with sglang-jax, weight updates included, for the sglang engine"),
     "plan": ("jaxrl.plan", "check a preset fits its TPU slice or GPU node (compiles ahead of time, no TPU needed)"),
     "transfer": ("jaxrl.studies.transfer_cli", "chain-of-thought transfer: a receiver answers with a donor's thinking"),
     "analyze": ("jaxrl.studies.cli", "the paper's analyses: `analyze thinking` (lexical) and `analyze rewards`"),

@@ -2,10 +2,44 @@
 # Create or refresh .venv at the repo root with everything PreciseCoder-JAX needs.
 #   scripts/setup.sh          runtime (the precisecoder command)
 #   scripts/setup.sh test     runtime + test dependencies (pytest, hypothesis, torch CPU, ...)
+#   scripts/setup.sh sglang-jax   .venv-sglang-jax: a real SGLang server for JAX on CPU or TPU
+#                                 (Python 3.12, sglang-jax; what `precisecoder serve` runs under)
 # Idempotent: a second run with an unchanged pyproject.toml returns in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
+
+if [ "$extras" = sglang-jax ]; then
+  # sglang-jax needs Python >= 3.12 and pins flax and transformers apart from .venv: its own venv.
+  venv=.venv-sglang-jax
+  want="sglang-jax[cpu]==0.1.0rc0"
+  stamp="$venv/.precisecoder-setup"
+  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    py="${SGLANG_JAX_PYTHON:-}"
+    if [ -z "$py" ]; then
+      for c in python3.12 python3.13; do
+        if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+          py="$c"; break
+        fi
+      done
+    fi
+    if [ -z "$py" ]; then
+      echo "setup: sglang-jax needs Python >= 3.12 (none found; set SGLANG_JAX_PYTHON=/path/to/python3.12)" >&2
+      exit 1
+    fi
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    log="$venv/setup.log"
+    echo "setup: installing $want into $venv (log: $log)" >&2
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q "$want"; } >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "setup: pip install failed; full log in $log" >&2
+      exit 1
+    fi
+    echo "$want" > "$stamp"
+  fi
+  echo "setup: ready ($venv, $want)" >&2
+  exit 0
+fi
 python="${PYTHON:-python3}"
 
 if ! command -v bwrap >/dev/null 2>&1; then

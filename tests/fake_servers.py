@@ -188,12 +188,17 @@ class FakeSGLang(FakeServer):
     A sample's tokens depend only on its input ids and sampling seed, so a prompt re-run on
     another server gives the same completion. `eos` ends a sample with probability `p_eos`
     per token; `die_after` generate requests are answered, then the server dies mid-request;
-    `fail_first` requests get a 503 first.
+    `fail_first` requests get a 503 first. A weight update takes `update_delay` seconds;
+    `events` records `(time.monotonic(), what, body)` for each /generate arrival ("generate",
+    its request) and each update's start and answer ("update", "updated"; body None).
     """
 
-    def __init__(self, *, vocab=(10, 60), eos=2, p_eos=0.08, die_after=None, fail_first=0, delay=0.0):
+    def __init__(self, *, vocab=(10, 60), eos=2, p_eos=0.08, die_after=None, fail_first=0, delay=0.0,
+                 update_delay=0.0):
         self.vocab, self.eos, self.p_eos = vocab, eos, p_eos
         self.die_after, self.fail_first, self.delay = die_after, fail_first, delay
+        self.update_delay = update_delay
+        self.events: list[tuple[float, str, Any]] = []
         self.generated = 0
         self.loaded: list[str] = []
         self.flushes = 0
@@ -229,6 +234,8 @@ class FakeSGLang(FakeServer):
             self.flushes += 1
             return 200, "Cache flushed.\n"
         if path == "/update_weights_from_disk" and method == "POST":
+            self.events.append((time.monotonic(), "update", None))
+            time.sleep(self.update_delay)
             try:
                 check_update(body)
             except ContractError as e:
@@ -236,8 +243,10 @@ class FakeSGLang(FakeServer):
             if not (Path(body["model_path"]) / "config.json").exists():
                 return 400, {"success": False, "message": "no config.json", "num_paused_requests": 0}
             self.loaded.append(body["model_path"])
+            self.events.append((time.monotonic(), "updated", None))
             return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
         if path == "/generate" and method == "POST":
+            self.events.append((time.monotonic(), "generate", body))
             with self.lock:
                 self.generated += 1
                 n = self.generated

@@ -34,6 +34,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -270,24 +271,57 @@ class SGLangEngine(Engine):
         """Write `model` (an nnx model; or a directory already written) as HF safetensors and load it everywhere.
 
         With an nnx model, every process of a multi-host trainer must call this
-        (`save_pretrained` gathers the shards; process 0 writes and tells the servers).
+        (`save_pretrained` gathers the shards; process 0 writes and tells the servers), and
+        no process returns before every server acknowledged the new weights: process 0's
+        outcome is shared with all hosts (a collective, hence a barrier), so no host can
+        sample the next step from the old weights, and a failed push fails on every host.
         """
         if isinstance(model, (str, os.PathLike)):
-            path, writer = Path(model), True
-        else:
-            if self.weights_dir is None:
-                raise ValueError("update_weights needs weights_dir, a directory the servers can read")
-            import jax
-
-            from models.checkpoint import save_pretrained
-
-            path = self.weights_dir / f"step-{step:08d}"
-            save_pretrained(model, path)
-            writer = jax.process_index() == 0
-            if writer and self.tokenizer is not None:
-                self.tokenizer.save_pretrained(path)
-        if not writer:
+            self._push(Path(model), step)
             return
+        if self.weights_dir is None:
+            raise ValueError("update_weights needs weights_dir, a directory the servers can read")
+        import jax
+
+        from jaxrl import hosts
+        from models.checkpoint import save_pretrained
+
+        path = self.weights_dir / f"step-{step:08d}"
+        save_pretrained(model, path)
+        failure = None
+        if jax.process_index() == 0:
+            try:
+                if self.tokenizer is not None:
+                    self.tokenizer.save_pretrained(path)
+                self._push(path, step)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other hosts heard of it
+                failure = e
+        failures = hosts.gather_json(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        if failures[0] is not None:
+            raise RuntimeError(f"process 0 could not push the weights of step {step}: {failures[0]}")
+        if jax.process_index() == 0:
+            self._written.append(path)
+            while len(self._written) > self.keep_weights:
+                shutil.rmtree(self._written.pop(0), ignore_errors=True)
+
+    def _flush(self, url: str, tries: int = 20) -> None:
+        """`POST /flush_cache`; SGLang refuses it (400) while a finished batch is still being retired."""
+        for attempt in range(tries):
+            try:
+                self._call(url, "POST", "/flush_cache")
+                return
+            except ServerDown as e:
+                self._drop(url, e)
+                return
+            except ValueError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(self.retry.wait(1))
+
+    def _push(self, path: Path, step: int) -> None:
+        """`/update_weights_from_disk` then `/flush_cache` on every server; returns once each answered."""
         body = {"model_path": str(path.resolve()), "weight_version": str(step), "flush_cache": True}
         for url in self.servers:
             try:
@@ -299,19 +333,28 @@ class SGLangEngine(Engine):
                 answer = str(e)
             if not (isinstance(answer, dict) and answer.get("success")):
                 raise RuntimeError(f"{url} could not load the weights of step {step} from {path}: {answer}")
-            try:
-                self._call(url, "POST", "/flush_cache")
-            except ServerDown as e:
-                self._drop(url, e)
+            self._flush(url)
         if not self.servers:
             raise RuntimeError("every sglang server has been dropped from the pool")
-        if not isinstance(model, (str, os.PathLike)):
-            self._written.append(path)
-            while len(self._written) > self.keep_weights:
-                shutil.rmtree(self._written.pop(0), ignore_errors=True)
 
 
 @register_engine("sglang")
-def make_sglang_engine(urls: Sequence[str], tokenizer: Any = None, **kwargs: Any) -> SGLangEngine:
-    """`make_engine("sglang", urls=[...], tokenizer=..., weights_dir=...)`: see `SGLangEngine`."""
-    return SGLangEngine(urls, tokenizer, **kwargs)
+def make_sglang_engine(urls: Sequence[str], tokenizer: Any = None, model: Any = None, mesh: Any = None,
+                       rules: Any = None, **kwargs: Any) -> SGLangEngine:
+    """`make_engine("sglang", urls=[...], tokenizer=..., weights_dir=...)`: see `SGLangEngine`.
+
+    Given the trainer's `model` (the trainer passes it, with its mesh and rules, which the
+    servers do not need), the engine pushes it at once, so that the first rollouts come from
+    the policy being trained (or resumed), not from whatever the servers were launched on.
+    """
+    del mesh, rules
+    engine = SGLangEngine(urls, tokenizer, **kwargs)
+    if model is not None:
+        if engine.weights_dir is None:
+            raise ValueError("training with the sglang engine needs rollout.options.weights_dir, a directory "
+                             "every server can read, for the weight pushes")
+        try:
+            engine.update_weights(model, step=0)
+        except RuntimeError as e:
+            raise ValueError(f"pushing the initial weights to the servers failed: {e}") from None
+    return engine
