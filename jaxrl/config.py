@@ -380,6 +380,7 @@ class HardwareConfig:
         peak_tflops: dense bfloat16 peak per chip, for MFU.
         prompt_tokens: the longest prompt the plan budgets for; rows are prompt + max_tokens.
         rollout_gpus: GPUs of the node that serve SGLang instead of training (GPU presets).
+        rollout_tensor_parallel: GPUs per SGLang server (its `--tp-size`), for the plan's memory estimate.
     """
 
     platform: Literal["tpu", "gpu"] = "tpu"
@@ -391,10 +392,13 @@ class HardwareConfig:
     peak_tflops: float = 459.0
     prompt_tokens: int = 1024
     rollout_gpus: int = 0
+    rollout_tensor_parallel: int = 1
 
     def __post_init__(self):
         if self.chips < 1 or self.hosts < 1 or self.prompt_tokens < 1 or self.rollout_gpus < 0:
             raise ValueError("hardware.chips, hosts and prompt_tokens must be >= 1, rollout_gpus >= 0")
+        if self.rollout_tensor_parallel < 1:
+            raise ValueError("hardware.rollout_tensor_parallel must be >= 1")
         if self.hbm_gib <= 0 or self.peak_tflops <= 0:
             raise ValueError("hardware.hbm_gib and peak_tflops must be positive")
         if self.platform == "tpu" and self.topology is None:

@@ -367,7 +367,7 @@ def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill
     hw = cfg.hardware
     if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
         # SGLang GPUs: bfloat16 weights split over a server's tensor-parallel GPUs, the rows spread over servers.
-        tp = int(cfg.rollout.options.get("tensor_parallel", 1))
+        tp = hw.rollout_tensor_parallel
         rollout_param_bytes = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
         rollout_param_bytes = rollout_param_bytes * 2 // tp
         batch_shards = hw.rollout_gpus  # rows over servers, heads over a server's GPUs

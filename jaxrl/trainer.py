@@ -77,6 +77,8 @@ def save(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
         run.ckpt.save(state, run.rng, {"best": run.best}, data)
         # A kill between the two saves can leave this step in best/ already; it is the same state.
         if better and int(state.step) not in run.best_ckpt.all_steps():
+            # Two async Orbax saves at once collide on Orbax's multi-host barriers: one at a time.
+            run.ckpt.wait()
             run.best_ckpt.save(state, run.rng, {"best": run.best, "metric": key}, data)
     except Exception as e:  # noqa: BLE001 - Orbax raises many kinds; one line, and the run stops here
         raise TrainError(f"step {int(state.step)}: saving the checkpoint failed ({type(e).__name__}: "

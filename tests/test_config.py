@@ -92,3 +92,18 @@ def test_unknown_name_and_bad_yaml(tmp_path):
     bad.write_text("run: [1,\n")
     with pytest.raises(C.ConfigError, match="not valid YAML"):
         C.load_config(bad)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "tpu_configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_gives_its_engine_only_options_it_takes(path):
+    """A preset's `rollout.options` become the engine's keyword arguments: an unknown one is a TypeError at start."""
+    import inspect
+
+    from jaxrl.rollout.jax_engine import JaxEngine
+    from jaxrl.rollout.sglang_engine import SGLangEngine
+
+    cfg = C.load_config(path)
+    engine = {"jax": JaxEngine, "sglang": SGLangEngine}[cfg.rollout.engine]
+    inspect.signature(engine).bind_partial(**cfg.rollout.options)
+    if cfg.rollout.engine == "sglang":
+        assert cfg.rollout.options.get("weights_dir"), "training with sglang needs rollout.options.weights_dir"
