@@ -104,3 +104,22 @@ def all_rows(x: jax.Array) -> np.ndarray:
         return np.asarray(x)
     from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class HostsDisagree(ValueError):
+    """Hosts that must run alike do not; the message names the first differing item."""
+
+
+def check_same(items: dict[str, str]) -> None:
+    """Raise `HostsDisagree` on every host when some host's `items` differ from host 0's.
+
+    The first item (in host 0's order) in which any host differs is named, with both values.
+    """
+    if jax.process_count() == 1:
+        return
+    every = gather_json(items)
+    for name in dict.fromkeys(k for host in every for k in host):
+        for p, host in enumerate(every[1:], 1):
+            mine, first = host.get(name, "<absent>"), every[0].get(name, "<absent>")
+            if mine != first:
+                raise HostsDisagree(f"hosts disagree: host {p}'s {name} is {mine[:120]}, host 0's is {first[:120]}")

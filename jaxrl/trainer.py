@@ -42,6 +42,7 @@ from jaxrl import train_step as ts
 from jaxrl.batching import make_batch, pad_length, rollout_rows, to_global
 from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
 from jaxrl.config import Config, apply_override, from_dict, load_config, read_yaml, to_dict, to_yaml
+from jaxrl.host_digest import check_hosts_agree
 from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, SamplingParams, make_engine
 from jaxrl.rollout.engine import BUILTIN_ENGINES, ENGINES
@@ -178,6 +179,10 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     replaces the Qwen tokenizer of `cfg.model.family` (`precisecoder demo` passes its own
     small vocabulary with the same interface).
     """
+    try:
+        check_hosts_agree(cfg)
+    except hosts.HostsDisagree as e:
+        raise TrainError(str(e)) from None
     out = Path(cfg.run.out).expanduser()
     saved_config = out / "config.yaml"
     if resume and saved_config.is_file():
