@@ -13,26 +13,28 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "rollout_hosts_runner.py"
 
 
-def _run(args, devices):
+def _run(args, devices, log):
+    """The runner with its output in `log` (a pipe nobody reads could block a host that another waits for)."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, str(RUNNER), *map(str, args)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(proc):
-    _, err = proc.communicate(timeout=1800)
-    assert proc.returncode == 0, err[-3000:]
+def _finish(proc, log):
+    proc.wait(timeout=1800)
+    assert proc.returncode == 0, Path(log).read_text()[-3000:]
 
 
 def test_two_hosts_sample_what_one_host_samples(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [_run([tmp_path / f"host{i}.json", port, i, 2], devices=4) for i in range(2)]
-    procs.append(_run([tmp_path / "one.json"], devices=8))
-    for p in procs:
-        _finish(p)
+    logs = [tmp_path / f"{name}.log" for name in ("host0", "host1", "one")]
+    procs = [_run([tmp_path / f"host{i}.json", port, i, 2], 4, logs[i]) for i in range(2)]
+    procs.append(_run([tmp_path / "one.json"], 8, logs[2]))
+    for p, log in zip(procs, logs):
+        _finish(p, log)
     one = json.loads((tmp_path / "one.json").read_text())
     h0, h1 = (json.loads((tmp_path / f"host{i}.json").read_text()) for i in range(2))
     assert [len(c) for c in h0] == [3, 3, 1] and [len(c) for c in h1] == [2, 2, 0]

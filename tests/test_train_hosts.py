@@ -3,11 +3,24 @@ and hosts given different task files both stop at start with exit 2 and the same
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from test_train_e2e import EXAMPLES, RUNNER, env, finish, free_port, records, train, write_config
+from test_train_e2e import EXAMPLES, REPO, RUNNER, env, free_port, records, write_config
 
 PREFIXES = ("update/", "reward/", "rollout/", "advantage/", "val/", "gt_debug/")
+
+
+def launch(log, *args, devices, cwd=REPO):
+    """`precisecoder train ARGS` writing stdout and stderr to `log`.out / `log`.err: a host whose pipe
+    nobody reads would block on a write while the other waits for it at the shutdown barrier."""
+    return subprocess.Popen([sys.executable, str(RUNNER), *map(str, args)], env=env(devices), cwd=cwd,
+                            stdout=open(f"{log}.out", "w"), stderr=open(f"{log}.err", "w"), text=True)
+
+
+def wait(proc, log):
+    proc.wait(timeout=1800)
+    return proc.returncode, Path(f"{log}.err").read_text()
 
 
 def test_jax_engine_on_two_hosts_equals_one_host(tmp_path):
@@ -21,14 +34,16 @@ def test_jax_engine_on_two_hosts_equals_one_host(tmp_path):
                     validation={"val_tasks": 2, "gt_debug_tasks": 4, "max_tokens": 8, "thinking_budget": 4,
                                 "gt_debug_thinking_budget": 4})
     one = tmp_path / "one"
-    single = train("--config", write_config(tmp_path / "one.yaml", one, **sections), devices=8)
+    logs = [tmp_path / name for name in ("one", "host0", "host1")]
+    single = launch(logs[0], "--config", write_config(tmp_path / "one.yaml", one, **sections), devices=8)
     two = tmp_path / "two"
     cfg = write_config(tmp_path / "two.yaml", two, **sections)
     port = free_port()
-    procs = [train("--config", cfg, "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
-                   "--process-id", i, devices=4) for i in range(2)]
-    for p in (single, *procs):
-        finish(p)
+    procs = [launch(logs[1 + i], "--config", cfg, "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
+                    "--process-id", i, devices=4) for i in range(2)]
+    for p, log in zip((single, *procs), logs):
+        rc, err = wait(p, log)
+        assert rc == 0, err[-3000:]
     a, b = records(one), records(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
     compared = 0
@@ -50,14 +65,12 @@ def test_hosts_with_different_task_files_both_exit_2_naming_the_file(tmp_path):
         (tmp_path / name / "tasks.jsonl").write_text(text)
     cfg = write_config(tmp_path / "cfg.yaml", tmp_path / "run", data={"train": "tasks.jsonl"})
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(RUNNER), "--config", cfg, "--coordinator", f"127.0.0.1:{port}",
-                               "--num-processes", "2", "--process-id", str(i)], env=env(2), cwd=tmp_path / name,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, name in enumerate("ab")]
+    procs = [launch(tmp_path / f"host{i}", "--config", cfg, "--coordinator", f"127.0.0.1:{port}", "--num-processes",
+                    2, "--process-id", i, devices=2, cwd=tmp_path / name) for i, name in enumerate("ab")]
     errors = []
-    for p in procs:
-        _, err = p.communicate(timeout=1800)
-        assert p.returncode == 2, err[-3000:]
+    for i, p in enumerate(procs):
+        rc, err = wait(p, tmp_path / f"host{i}")
+        assert rc == 2, err[-3000:]
         errors.append([line for line in err.splitlines() if line.startswith("precisecoder train:")])
     for lines_of_host in errors:
         assert len(lines_of_host) == 1, lines_of_host
