@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "rollout_hosts_runner.py"
@@ -26,6 +27,7 @@ def _finish(proc, log):
     assert proc.returncode == 0, Path(log).read_text()[-3000:]
 
 
+@pytest.mark.slow  # about 2 min of CPU here: three processes, each compiling the engine's programs
 def test_two_hosts_sample_what_one_host_samples(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

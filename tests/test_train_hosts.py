@@ -23,6 +23,7 @@ def wait(proc, log):
     return proc.returncode, Path(f"{log}.err").read_text()
 
 
+@pytest.mark.slow  # about 2 min here: three `precisecoder train` processes, each compiling the engine and the step
 def test_jax_engine_on_two_hosts_equals_one_host(tmp_path):
     """A random policy earns no reward, so this shows sampling, validation and the update's inputs
     (log-probs, entropy) agreeing; updates from non-zero advantages on two hosts are
