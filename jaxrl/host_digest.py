@@ -14,6 +14,8 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jaxrl import hosts
 from jaxrl.config import Config, to_dict
 from jaxrl.tasks import build_dir, task_paths
@@ -60,4 +62,5 @@ def run_items(cfg: Config) -> dict[str, str]:
 
 def check_hosts_agree(cfg: Config) -> None:
     """Raise `hosts.HostsDisagree` on every host when one host's `run_items` differ from host 0's."""
-    hosts.check_same(run_items(cfg))
+    if jax.process_count() > 1:
+        hosts.check_same(run_items(cfg))

@@ -79,3 +79,26 @@ def test_hosts_with_different_task_files_both_exit_2_naming_the_file(tmp_path):
                                            "(tasks.jsonl) is sha256:"), lines_of_host[0]
     assert errors[0] == errors[1]
     assert not (tmp_path / "run").exists()  # stopped before writing anything
+
+
+def test_the_digest_names_the_first_item_a_host_differs_in(monkeypatch):
+    """`hosts.check_same` with the gather simulated: host 1 runs another seed."""
+    import dataclasses
+
+    import jax
+
+    from jaxrl import hosts
+    from jaxrl.config import load_config
+    from jaxrl.host_digest import run_items
+
+    cfg = load_config("tiny")
+    mine = run_items(cfg)
+    other = run_items(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + 1)))
+    assert list(mine)[:2] == ["package version", "package sources"] and list(mine) == list(other)
+    assert [k for k in mine if mine[k] != other[k]] == ["config run.seed"]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(hosts, "gather_json", lambda obj: [mine, obj])
+    hosts.check_same(mine)
+    with pytest.raises(hosts.HostsDisagree, match=rf"^hosts disagree: host 1's config run.seed is {cfg.run.seed + 1}, "
+                                                   rf"host 0's is {cfg.run.seed}$"):
+        hosts.check_same(other)
