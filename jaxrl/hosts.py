@@ -81,9 +81,9 @@ def from_host_rows(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
 
 def host_rows(x: jax.Array, block: tuple[int, int]) -> np.ndarray:
     """Rows [start, stop) of a global array, read from this host's addressable shards (nothing crosses hosts)."""
-    if x.is_fully_addressable:
-        return np.asarray(x[block[0]:block[1]])
     start, stop = block
+    if x.is_fully_addressable:
+        return np.asarray(x)[start:stop]
     out = np.empty((stop - start, *x.shape[1:]), x.dtype)
     filled = np.zeros(out.shape, bool)
     for shard in x.addressable_shards:

@@ -2,13 +2,15 @@
 
 How a call runs (`JaxEngine.generate`):
 
-1. Prompts are cut into batches of at most `max_rows // n` prompts. A batch is
+1. Prompts are cut into batches of at most `max_rows // n` prompts (the n samples of
+   one prompt into batches of `max_rows` when n exceeds it). A batch is
    left-padded to a prompt-length bucket and prefilled once (`Decoder.prefill`);
    each prompt's cache (KV, DeltaNet conv and recurrent state, bookkeeping) is then
    fanned out to its n sample rows by a gather along the batch axes.
 2. Rows are decoded in compiled segments of `segment` steps (a `lax.while_loop`
    that also ends once every row is done). Each step samples every row with its
-   own key, applies the thinking budget and the stops, and runs one model step.
+   own key (`sample_chunk` rows at a time, bounding the top-k / top-p temporaries),
+   applies the thinking budget and the stops, and runs one model step.
 3. Between segments the host collects the new tokens; when the live rows fit a
    smaller row bucket, the finished ones are dropped by a gather, so finished rows
    stop costing work.
@@ -21,7 +23,12 @@ programs once. Compiled functions take the weights as an argument:
 Randomness: row (prompt i, sample j) of a call with seed s draws its t-th token
 with `fold_in(fold_in(fold_in(key(s), i), j), t)`. A sample therefore depends only
 on (seed, i, j) and the model, not on batching, bucketing, compaction or the
-number of devices.
+number of devices or hosts.
+
+On several hosts a call is one collective over a global batch: each host passes its
+own prompts, builds its block of every per-row array from them, reads back only its
+own rows, and every control decision (batches, shapes, another segment, compaction)
+is taken from data all hosts share, so all run the same programs in the same order.
 
 Log-probs are those of the sampled token under `softmax(logits / temperature)`,
 before top-k / top-p truncation (under `softmax(logits)` when greedy): what the
