@@ -19,6 +19,7 @@ another (arrays are saved per shard and re-sliced on read).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -47,8 +48,12 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 3, async_save: bool = True):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        # Barrier names are per step: without a prefix of their own, two managers saving the same step
+        # on several hosts (checkpoints/ and best/) meet at each other's barriers and hang.
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=Path(directory).name))
         # Orbax refuses a relative path (in its save thread, after the step ran).
         self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                               item_names=("state", "extra"))

@@ -56,3 +56,70 @@ def gather_json(obj: Any) -> list[Any]:
 def is_primary() -> bool:
     """This is the host that writes shared files (metrics, plots, the config)."""
     return jax.process_index() == 0
+
+
+def row_block(sharding: jax.sharding.Sharding, rows: int) -> tuple[int, int]:
+    """The rows [start, stop) of a `[rows, ...]` array under `sharding` that this host's devices hold.
+
+    Raises ValueError when they are not one contiguous block that splits the rows evenly over
+    the hosts (the layout `jax.make_array_from_process_local_data` fills from each host's rows).
+    """
+    spans = {(s.start or 0, rows if s.stop is None else s.stop)
+             for s, *_ in sharding.addressable_devices_indices_map((rows,)).values()}
+    start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+    covered = sum(b - a for a, b in spans)
+    if covered != stop - start or (stop - start) * jax.process_count() != rows:
+        raise ValueError(f"the rows of a [{rows}] array are not split into one block per host by {sharding}")
+    return start, stop
+
+
+def from_host_rows(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """The global array whose block of rows on this host's devices is `x` (same shape on every host)."""
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x), (x.shape[0] * jax.process_count(),
+                                                                            *x.shape[1:]))
+
+
+def host_rows(x: jax.Array, block: tuple[int, int]) -> np.ndarray:
+    """Rows [start, stop) of a global array, read from this host's addressable shards (nothing crosses hosts)."""
+    start, stop = block
+    if x.is_fully_addressable:
+        return np.asarray(x)[start:stop]
+    out = np.empty((stop - start, *x.shape[1:]), x.dtype)
+    filled = np.zeros(out.shape, bool)
+    for shard in x.addressable_shards:
+        rows, *rest = shard.index
+        lo, hi = max(rows.start or 0, start), min(x.shape[0] if rows.stop is None else rows.stop, stop)
+        if lo < hi:
+            data = np.asarray(shard.data)[lo - (rows.start or 0):hi - (rows.start or 0)]
+            out[(slice(lo - start, hi - start), *rest)] = data
+            filled[(slice(lo - start, hi - start), *rest)] = True
+    if not filled.all():
+        raise ValueError(f"rows {start}:{stop} of a {x.shape} array are not all on this host's devices")
+    return out
+
+
+def all_rows(x: jax.Array) -> np.ndarray:
+    """A global array's value on every host (for decisions every host must take alike)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class HostsDisagree(ValueError):
+    """Hosts that must run alike do not; the message names the first differing item."""
+
+
+def check_same(items: dict[str, str]) -> None:
+    """Raise `HostsDisagree` on every host when some host's `items` differ from host 0's.
+
+    The first item (in host 0's order) in which any host differs is named, with both values.
+    """
+    if jax.process_count() == 1:
+        return
+    every = gather_json(items)
+    for name in dict.fromkeys(k for host in every for k in host):
+        for p, host in enumerate(every[1:], 1):
+            mine, first = host.get(name, "<absent>"), every[0].get(name, "<absent>")
+            if mine != first:
+                raise HostsDisagree(f"hosts disagree: host {p}'s {name} is {mine[:120]}, host 0's is {first[:120]}")

@@ -18,10 +18,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl import hosts
 from jaxrl import metrics as M
 from jaxrl import preflight
 from jaxrl.config import Config, apply_override, from_dict, read_yaml
 from jaxrl.errors import TrainError
+from jaxrl.host_digest import check_hosts_agree
 from jaxrl.rollout import Engine
 from jaxrl.run import Run, make_engine_for, open_run
 from jaxrl.saved_run import build_model, load_policy, locate_run
@@ -40,6 +42,10 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
     replaces the Qwen tokenizer of `cfg.model.family` (`precisecoder demo` passes its own
     small vocabulary with the same interface).
     """
+    try:
+        check_hosts_agree(cfg)  # a collective: before anything that could fail on one host only
+    except hosts.HostsDisagree as e:
+        raise TrainError(str(e)) from None
     algorithm = preflight.check(cfg, resume)
     last: dict[str, Any] = {}
     with open_run(cfg, algorithm, resume=resume, engine_factory=engine_factory, tokenizer=tokenizer) as (run, state):
@@ -77,8 +83,6 @@ def save(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
         run.ckpt.save(state, run.rng, {"best": run.best}, data)
         # A kill between the two saves can leave this step in best/ already; it is the same state.
         if better and int(state.step) not in run.best_ckpt.all_steps():
-            # Two async Orbax saves at once collide on Orbax's multi-host barriers: one at a time.
-            run.ckpt.wait()
             run.best_ckpt.save(state, run.rng, {"best": run.best, "metric": key}, data)
     except Exception as e:  # noqa: BLE001 - Orbax raises many kinds; one line, and the run stops here
         raise TrainError(f"step {int(state.step)}: saving the checkpoint failed ({type(e).__name__}: "

@@ -4,10 +4,12 @@ The val split (buggy tasks: pass, precision, recall, f1, edited lines) and GT De
 (clean tasks: no-op, damage) are evaluated in one `evaluate` call under the paper's
 protocol, with the engine the trainer holds (the current policy) and the trainer's
 reward pipeline as the scorer, so validation numbers are `precisecoder eval`'s.
-On several hosts each host evaluates every P-th task of each kind and the samples and
-scores are gathered before the summary. Sampling is collective there (each host passes
-its rows of one global batch), so every host samples the same number of tasks of each
-kind: a host with fewer pads its share with copies of a task, whose results it drops.
+On several hosts each host evaluates one contiguous block of each kind's tasks and the
+samples and scores are gathered before the summary. Sampling is collective there (each
+host passes its rows of one global batch, in process order), so every host samples the
+same number of tasks of each kind: a host with fewer pads the end of its block with copies
+of a task, whose results it drops. The blocks in process order are the tasks in order, so
+the `jax` engine gives each task the samples it gets on one host.
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ PAD = "#host-pad"
 
 
 def host_share(tasks: Sequence[Task], index: int, count: int) -> list[Task]:
-    """Host `index`'s tasks of `count`: every count-th buggy task, then every count-th clean one, each
+    """Host `index`'s tasks of `count`: its block of the buggy tasks, then its block of the clean ones, each
     kind padded to the same length on every host with copies of its first task (ids ending in `PAD`)."""
     share: list[Task] = []
     for clean in (False, True):
         kind = [t for t in tasks if t.is_clean == clean]
-        mine = kind[index::count]
         need = -(-len(kind) // count)
+        mine = kind[index * need:(index + 1) * need]
         share += mine + [dataclasses.replace(kind[0], task_id=f"{kind[0].task_id}{PAD}{k}")
                          for k in range(need - len(mine))]
     return share

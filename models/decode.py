@@ -109,6 +109,36 @@ def sample(logits: Array, key: Array, params: SamplingParams) -> tuple[Array, Ar
     return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
 
 
+def sample_rows(logits: Array, keys: Array, params: SamplingParams, chunk: int) -> tuple[Array, Array]:
+    """`sample` with a key per row (`keys [B]`), `chunk` rows at a time (`chunk` divides B).
+
+    The top-k / top-p temporaries (sort, softmax, cumsum) are then `[chunk, V]`, not
+    `[B, V]`. Chunk i holds rows i, i + B/chunk, ...: rows sharded in blocks over devices
+    give every device its share of every chunk, so no rows move between devices.
+    """
+    def one(logits_V, key):
+        ids, logp = sample(logits_V[None], key, params)
+        return ids[0], logp[0]
+
+    b, v = logits.shape
+    if chunk >= b:
+        return jax.vmap(one)(logits, keys)
+    if b % chunk:
+        raise ValueError(f"chunk={chunk} does not divide {b} rows")
+    k = b // chunk
+    logits_CxKxV, keys_CxK = logits.reshape(chunk, k, v), keys.reshape(chunk, k)
+
+    def body(i, acc):
+        ids, logp = jax.vmap(one)(jax.lax.dynamic_index_in_dim(logits_CxKxV, i, 1, keepdims=False),
+                                  jax.lax.dynamic_index_in_dim(keys_CxK, i, 1, keepdims=False))
+        return (jax.lax.dynamic_update_index_in_dim(acc[0], ids.astype(jnp.int32), i, 1),
+                jax.lax.dynamic_update_index_in_dim(acc[1], logp, i, 1))
+
+    init = (jnp.zeros((chunk, k), jnp.int32), jnp.zeros((chunk, k), jnp.float32))
+    ids, logp = jax.lax.fori_loop(0, k, body, init)
+    return ids.reshape(b), logp.reshape(b)
+
+
 class Decoder:
     """Jitted prefill, step and generate for one model's graph.
 

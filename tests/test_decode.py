@@ -9,7 +9,7 @@ import torch
 from hf_qwen3 import VARIANTS, make_hf
 
 import models
-from models.decode import Decoder, SamplingParams, sample
+from models.decode import Decoder, SamplingParams, sample, sample_rows
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -118,6 +118,20 @@ def test_sample_top_k_one_is_greedy_and_top_p_keeps_the_nucleus():
     picks = {int(sample(peaked, jax.random.key(i), SamplingParams(temperature=1.0, top_p=0.5))[0][0])
              for i in range(20)}
     assert picks == {2}
+
+
+def test_sample_rows_in_chunks_draws_what_all_rows_at_once_draw():
+    logits = jnp.asarray(np.random.RandomState(1).randn(12, 300) * 3, jnp.float32)
+    keys = jax.random.split(jax.random.key(4), 12)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.8)
+    ids, logp = sample_rows(logits, keys, params, chunk=12)
+    for chunk in (1, 3, 4, 6):
+        got_ids, got_logp = jax.jit(sample_rows, static_argnums=(2, 3))(logits, keys, params, chunk)
+        np.testing.assert_array_equal(np.asarray(got_ids), np.asarray(ids))
+        np.testing.assert_allclose(np.asarray(got_logp), np.asarray(logp), rtol=1e-6)
+    assert len(set(np.asarray(ids).tolist())) > 3  # rows drew with their own keys
+    with pytest.raises(ValueError, match="does not divide"):
+        sample_rows(logits, keys, params, chunk=5)
 
 
 def test_a_cache_too_small_for_the_request_is_an_error(tiny):

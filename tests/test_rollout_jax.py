@@ -168,6 +168,38 @@ def test_fan_out_equals_separate_prefills_and_batching_does_not_matter(family_sl
     assert any(x.finish_reason == "stop" for g in a for x in g)  # the stops cut some rows short
 
 
+def test_samples_of_one_prompt_over_max_rows_run_in_batches_of_at_most_max_rows(qwen3, monkeypatch):
+    model, _ = qwen3
+    params = SamplingParams(n=7, temperature=1.0, top_k=5, top_p=0.9, max_tokens=6, thinking_budget=None, seed=2)
+    whole = JaxEngine(model).generate(PROMPTS[:2], params)
+    seen = []
+    segment = jax_engine._segment
+    monkeypatch.setattr(jax_engine, "_segment", lambda *a, **k: seen.append((a[2].logits.shape[0], k["chunk"]))
+                        or segment(*a, **k))
+    split = JaxEngine(model, max_rows=3, sample_chunk=2).generate(PROMPTS[:2], params)
+    assert [[c.token_ids for c in g] for g in split] == [[c.token_ids for c in g] for g in whole]
+    for g1, g2 in zip(whole, split):
+        for a, b in zip(g1, g2):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert max(rows for rows, _ in seen) == 3 and {chunk for _, chunk in seen} == {1}
+
+
+def test_sampling_in_row_chunks_bounds_the_segments_temporaries():
+    """XLA's own accounting of the compiled segment (scripts/rollout_memory.py) on a 32,768-token
+    vocabulary: drawing 8 of 64 rows at a time needs far fewer temporary bytes than drawing all 64,
+    whose top-k / top-p temporaries are [64, V]."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "rollout_memory.py"
+    spec = importlib.util.spec_from_file_location("rollout_memory", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    engine = script.tiny_engine(vocab=32768, segment=4, sample_chunk=8)
+    chunked, whole = (script.segment_memory(engine, 64, chunk)["temporaries"] for chunk in (8, 64))
+    assert chunked < 0.5 * whole, (chunked, whole)
+
+
 def test_seeds_are_deterministic_and_distinct(qwen3):
     model, _ = qwen3
     engine = JaxEngine(model)

@@ -2,13 +2,15 @@
 
 How a call runs (`JaxEngine.generate`):
 
-1. Prompts are cut into batches of at most `max_rows // n` prompts. A batch is
+1. Prompts are cut into batches of at most `max_rows // n` prompts (the n samples of
+   one prompt into batches of `max_rows` when n exceeds it). A batch is
    left-padded to a prompt-length bucket and prefilled once (`Decoder.prefill`);
    each prompt's cache (KV, DeltaNet conv and recurrent state, bookkeeping) is then
    fanned out to its n sample rows by a gather along the batch axes.
 2. Rows are decoded in compiled segments of `segment` steps (a `lax.while_loop`
    that also ends once every row is done). Each step samples every row with its
-   own key, applies the thinking budget and the stops, and runs one model step.
+   own key (`sample_chunk` rows at a time, bounding the top-k / top-p temporaries),
+   applies the thinking budget and the stops, and runs one model step.
 3. Between segments the host collects the new tokens; when the live rows fit a
    smaller row bucket, the finished ones are dropped by a gather, so finished rows
    stop costing work.
@@ -21,7 +23,12 @@ programs once. Compiled functions take the weights as an argument:
 Randomness: row (prompt i, sample j) of a call with seed s draws its t-th token
 with `fold_in(fold_in(fold_in(key(s), i), j), t)`. A sample therefore depends only
 on (seed, i, j) and the model, not on batching, bucketing, compaction or the
-number of devices.
+number of devices or hosts.
+
+On several hosts a call is one collective over a global batch: each host passes its
+own prompts, builds its block of every per-row array from them, reads back only its
+own rows, and every control decision (batches, shapes, another segment, compaction)
+is taken from data all hosts share, so all run the same programs in the same order.
 
 Log-probs are those of the sampled token under `softmax(logits / temperature)`,
 before top-k / top-p truncation (under `softmax(logits)` when greedy): what the
@@ -41,8 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl import hosts
 from jaxrl.rollout.engine import Completion, Engine, SamplingParams, register_engine
 from jaxrl.rollout.text import TokenSpec, make_completion, prompt_opens_think
 from models import decode
@@ -153,20 +161,16 @@ def _compact(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, idx: Array, v
     return dataclasses.replace(rows, done=rows.done | ~valid)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "sampling"), donate_argnames=("rows",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "sampling", "chunk"), donate_argnames=("rows",))
 def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, consts: StepConsts, *, steps: int,
-             sampling: decode.SamplingParams) -> tuple[Rows, Array, Array, Array, Array]:
-    """Up to `steps` decoding steps; returns the rows, tokens / log-probs / forced flags `[B, steps]`, steps run."""
+             sampling: decode.SamplingParams, chunk: int) -> tuple[Rows, Array, Array, Array, Array]:
+    """Up to `steps` decoding steps, sampling `chunk` rows at a time; returns the rows, tokens / log-probs /
+    forced flags `[B, steps]`, steps run."""
     b = rows.logits.shape[0]
     out_tok = jnp.zeros((b, steps), jnp.int32)
     out_logp = jnp.zeros((b, steps), jnp.float32)
     out_forced = jnp.zeros((b, steps), bool)
     n_close = consts.close_ids.shape[0]
-
-    def pick(logits_V, key_data, count):
-        key = jax.random.fold_in(jax.random.wrap_key_data(key_data), count)
-        ids, logp = decode.sample(logits_V[None], key, sampling)
-        return ids[0], logp[0]
 
     def cond(c):
         i, rows, *_ = c
@@ -174,7 +178,8 @@ def _segment(graphdef: nnx.GraphDef, state: nnx.State, rows: Rows, consts: StepC
 
     def body(c):
         i, r, out_tok, out_logp, out_forced = c
-        ids, logp = jax.vmap(pick)(r.logits, r.keys, r.count)
+        keys = jax.vmap(lambda k, t: jax.random.fold_in(jax.random.wrap_key_data(k), t))(r.keys, r.count)
+        ids, logp = decode.sample_rows(r.logits, keys, sampling, chunk)
         forcing = r.force_pos >= 0
         if n_close:
             ids = jnp.where(forcing, consts.close_ids[jnp.clip(r.force_pos, 0, n_close - 1)], ids)
@@ -220,6 +225,17 @@ def _row_keys(seed: int, prompt_idx: np.ndarray, sample_idx: np.ndarray) -> np.n
     return np.asarray(jax.random.key_data(keys))
 
 
+def sample_chunk(rows: int, most: int, multiple: int) -> int:
+    """Rows drawn at once in a batch of `rows`: the largest divisor of `rows` that is at most `most`
+    (at least `multiple`) and a multiple of `multiple`, so that every device draws its share."""
+    units = rows // multiple
+    best = 1
+    for k in range(1, units + 1):
+        if units % k == 0 and k * multiple <= most:
+            best = k
+    return best * multiple
+
+
 class JaxEngine(Engine):
     """Samples from an NNX Qwen model in process (see the module docstring).
 
@@ -234,18 +250,21 @@ class JaxEngine(Engine):
             config's eos ids).
         prompt_opens_think: force whether prompts open a think block; None reads it from
             each prompt's tokens (`text.prompt_opens_think`).
-        max_rows: most sample rows decoded together; larger requests run in batches.
+        max_rows: most sample rows decoded together (over all hosts); larger requests,
+            also the n samples of one prompt, run in batches.
         segment: decoding steps per compiled segment (finished rows are dropped between).
         fan_out: prefill each prompt once and copy its cache to its n rows; False
             prefills every row (for benchmarks and tests).
+        sample_chunk: most rows whose next token is drawn at once, bounding top-k / top-p's
+            `[rows, vocab]` temporaries.
     """
 
     def __init__(self, model: nnx.Module, tokenizer: Any = None, *, mesh: Mesh | None = None,
                  rules: Sequence = msh.RULES, tokens: TokenSpec | None = None,
                  prompt_opens_think: bool | None = None, max_rows: int = 256, segment: int = 64,
-                 fan_out: bool = True):
-        if max_rows < 1 or segment < 1:
-            raise ValueError("max_rows and segment must be positive")
+                 fan_out: bool = True, sample_chunk: int = 64):
+        if max_rows < 1 or segment < 1 or sample_chunk < 1:
+            raise ValueError("max_rows, segment and sample_chunk must be positive")
         self.tokenizer = tokenizer
         if tokens is None:
             tokens = TokenSpec.from_tokenizer(tokenizer) if tokenizer is not None else TokenSpec()
@@ -255,18 +274,26 @@ class JaxEngine(Engine):
         self.tokens = tokens
         self.prompt_opens_think = prompt_opens_think
         self.mesh, self.rules = mesh, tuple(rules)
-        self.max_rows, self.segment, self.fan_out = max_rows, segment, fan_out
+        self.max_rows, self.segment, self.fan_out, self.sample_chunk = max_rows, segment, fan_out, sample_chunk
         self.vocab_size = model.config.vocab_size
         self.graphdef, state = nnx.split(model)
         self.weights_step: int | None = None
-        self._shardings = None
+        self._shardings = self._row_sharding = None
+        # A call is one global batch: every host's rows are one block of it, `_slot` this host's.
+        self._hosts, self._slot, self._row_multiple = 1, 0, 1
         if mesh is not None:
             self._shardings = msh.state_shardings(state, mesh, self.rules)
             batch_spec = msh.logical_to_spec(("batch",), self.rules, None, mesh)[0]
             axes = () if batch_spec is None else (batch_spec,) if isinstance(batch_spec, str) else batch_spec
             self._row_multiple = math.prod(mesh.shape[a] for a in axes)
-        else:
-            self._row_multiple = 1
+            self._row_sharding = NamedSharding(mesh, PartitionSpec(batch_spec))
+            self._hosts = jax.process_count()
+            if self._row_multiple % self._hosts:
+                raise ValueError(f"the mesh's batch axes ({self._row_multiple} devices) do not split over "
+                                 f"{self._hosts} hosts: the jax engine needs each host to hold its own rows")
+            start, stop = hosts.row_block(self._row_sharding, self._row_multiple)
+            self._slot = start // (stop - start)
+        self._host_multiple = self._row_multiple // self._hosts
         self.state = self._place(state)
 
     # ------------------------------------------------------------------ weights
@@ -294,11 +321,12 @@ class JaxEngine(Engine):
         stops = tuple(dict.fromkeys(t.stop_ids + tuple(params.stop_token_ids)))
         width = -(-max(len(stops), 1) // 8) * 8  # a few fixed widths, so new stop lists rarely recompile
         budget = NO_BUDGET if params.thinking_budget is None or t.think_open is None else params.thinking_budget
-        return StepConsts(stop_ids=jnp.asarray(stops + (-1,) * (width - len(stops)), jnp.int32),
-                          close_ids=jnp.asarray(t.close_think, jnp.int32),
-                          think_open=jnp.asarray(-1 if t.think_open is None else t.think_open, jnp.int32),
-                          think_close=jnp.asarray(-1 if t.think_close is None else t.think_close, jnp.int32),
-                          budget=jnp.asarray(budget, jnp.int32), limit=jnp.asarray(params.max_tokens, jnp.int32))
+        # numpy, not device arrays: on several hosts every host passes the same values (replicated).
+        return StepConsts(stop_ids=np.asarray(stops + (-1,) * (width - len(stops)), np.int32),
+                          close_ids=np.asarray(t.close_think, np.int32),
+                          think_open=np.asarray(-1 if t.think_open is None else t.think_open, np.int32),
+                          think_close=np.asarray(-1 if t.think_close is None else t.think_close, np.int32),
+                          budget=np.asarray(budget, np.int32), limit=np.asarray(params.max_tokens, np.int32))
 
     def _opens(self, prompt: Sequence[int]) -> bool:
         if self.prompt_opens_think is not None:
@@ -306,75 +334,121 @@ class JaxEngine(Engine):
         return prompt_opens_think(prompt, self.tokens)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """`params.n` completions per prompt (token ids), in prompt order."""
+        """`params.n` completions per prompt (token ids), in prompt order.
+
+        On several hosts (a mesh over their devices) this is a collective: every host
+        calls it with its own prompts and the same parameters, the hosts' prompts in
+        process order make one global batch sampled with process 0's seed, and each
+        host gets its own completions.
+        """
         prompts = [list(map(int, p)) for p in prompts]
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")
             if min(p) < 0 or max(p) >= self.vocab_size:
                 raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
-        per_batch = max(1, self.max_rows // params.n)
-        results: list[list[Completion]] = []
-        for start in range(0, len(prompts), per_batch):
-            results += self._generate_batch(prompts[start:start + per_batch], start, params)
-        return results
+        lengths, seed, offset = self._share([len(p) for p in prompts], params)
+        width = max(map(len, lengths))  # every host runs `width` prompts: those with fewer pad
+        local = prompts + [prompts[0] if prompts else [0]] * (width - len(prompts))
+        lengths = [ls + [ls[0] if ls else 1] * (width - len(ls)) for ls in lengths]
+        results: list[list[Completion]] = [[] for _ in local]
+        for a, b, samples in self._batches(width, params.n):
+            length = bucket_length(max(max(ls[a:b]) for ls in lengths))
+            groups = self._generate_batch(local[a:b], range(offset + a, offset + b), samples, length, params, seed)
+            for i, group in zip(range(a, b), groups):
+                results[i] += group
+        return results[:len(prompts)]
 
-    def _generate_batch(self, prompts: list[list[int]], first: int, params: SamplingParams
-                        ) -> list[list[Completion]]:
-        n = params.n
+    def _share(self, lengths: list[int], params: SamplingParams) -> tuple[list[list[int]], int, int]:
+        """Every host's prompt lengths, the call's seed and this host's first global prompt index."""
+        if self._hosts == 1:
+            return [lengths], params.seed, 0
+        mine = {"lengths": lengths, "params": dataclasses.asdict(dataclasses.replace(params, seed=0)),
+                "seed": params.seed}
+        every = hosts.gather_json(mine)
+        differing = [p for p, h in enumerate(every) if h["params"] != every[0]["params"]]
+        if differing:
+            raise ValueError(f"hosts 0 and {differing[0]} called generate with different sampling parameters: "
+                             f"{every[0]['params']} vs {every[differing[0]]['params']}")
+        counts = [len(h["lengths"]) for h in every]
+        return [h["lengths"] for h in every], every[0]["seed"], sum(counts[:jax.process_index()])
+
+    def _batches(self, prompts: int, n: int) -> list[tuple[int, int, range]]:
+        """(first prompt, end prompt, samples) of each batch of at most `max_rows` rows over all hosts."""
+        cap = max(1, self.max_rows // self._hosts)
+        if n <= cap:
+            k = cap // n
+            return [(a, min(a + k, prompts), range(n)) for a in range(0, prompts, k)]
+        return [(p, p + 1, range(s, min(s + cap, n))) for p in range(prompts) for s in range(0, n, cap)]
+
+    def _put(self, x: np.ndarray) -> Array:
+        """This host's block of rows of a global batch, as a global array."""
+        if self._row_sharding is None:
+            return jnp.asarray(x)
+        return hosts.from_host_rows(np.asarray(x), self._row_sharding)
+
+    def _generate_batch(self, prompts: list[list[int]], index: range, samples: range, length: int,
+                        params: SamplingParams, seed: int) -> list[list[Completion]]:
+        """Samples `samples` of `prompts` (global prompt indices `index`), left-padded to `length`."""
         sampling = decode.SamplingParams(params.temperature, params.top_p, params.top_k)
         consts = self._consts(params)
         opened = [self._opens(p) for p in prompts]
-        length = bucket_length(max(map(len, prompts)))
         max_len = length + -(-params.max_tokens // self.segment) * self.segment
-        meta = [(p, s) for p in range(len(prompts)) for s in range(n)]
-        n_rows = bucket_rows(len(meta), self._row_multiple)
+        meta = [(p, s) for p in range(len(prompts)) for s in samples]
+        n_rows = bucket_rows(len(meta), self._host_multiple)
         meta += [None] * (n_rows - len(meta))
 
         if self.fan_out:
-            batch = bucket_rows(len(prompts), self._row_multiple)
+            batch = bucket_rows(len(prompts), self._host_multiple)
             prefill = [prompts[i] if i < len(prompts) else prompts[0] for i in range(batch)]
-            prompt_of_row = [m[0] if m else 0 for m in meta]
+            prompt_of_row = [self._slot * batch + (m[0] if m else 0) for m in meta]
         else:
             batch = n_rows
             prefill = [prompts[m[0]] if m else prompts[0] for m in meta]
-            prompt_of_row = list(range(n_rows))
+            prompt_of_row = [self._slot * batch + r for r in range(n_rows)]
         ids = np.zeros((batch, length), np.int32)
         mask = np.zeros((batch, length), np.int32)
         for r, p in enumerate(prefill):
             ids[r, length - len(p):], mask[r, length - len(p):] = p, 1
-        keys = _row_keys(params.seed, np.array([first + (m[0] if m else 0) for m in meta]),
+        keys = _row_keys(seed, np.array([index[m[0] if m else 0] for m in meta]),
                          np.array([m[1] if m else 0 for m in meta]))
         valid = np.array([m is not None for m in meta])
         in_think = np.array([bool(m) and opened[m[0]] for m in meta])
 
         with self._mesh_context():
-            rows = _begin(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask),
-                          jnp.asarray(prompt_of_row, jnp.int32), jnp.asarray(keys), jnp.asarray(valid),
-                          jnp.asarray(in_think), consts.budget, max_len=max_len)
+            rows = _begin(self.graphdef, self.state, self._put(ids), self._put(mask),
+                          self._put(np.asarray(prompt_of_row, np.int32)), self._put(keys), self._put(valid),
+                          self._put(in_think), consts.budget, max_len=max_len)
             out: dict[tuple[int, int], tuple[list, list, list]] = {m: ([], [], []) for m in meta if m}
             counts = np.zeros(n_rows, np.int64)
             while True:
+                block = (self._slot * n_rows, (self._slot + 1) * n_rows)
                 rows, tok, logp, forced, _ = _segment(self.graphdef, self.state, rows, consts, steps=self.segment,
-                                                      sampling=sampling)
-                new_counts = np.asarray(rows.count)
-                tok, logp, forced = np.asarray(tok), np.asarray(logp), np.asarray(forced)
+                                                      sampling=sampling,
+                                                      chunk=sample_chunk(n_rows * self._hosts, self.sample_chunk,
+                                                                         self._row_multiple))
+                new_counts = hosts.host_rows(rows.count, block)
+                tok, logp, forced = (hosts.host_rows(x, block) for x in (tok, logp, forced))
                 for r, m in enumerate(meta):
                     k = int(new_counts[r] - counts[r])
                     if m and k:
                         for buf, src in zip(out[m], (tok, logp, forced)):
                             buf.extend(src[r, :k].tolist())
-                done = np.asarray(rows.done)
-                live = [r for r, m in enumerate(meta) if m and not done[r]]
-                if not live:
+                # Whether to go on and how far to compact: decided alike on every host, from every host's rows.
+                done = hosts.all_rows(rows.done).reshape(self._hosts, n_rows)
+                most = int((~done).sum(axis=1).max())
+                if not most:
                     break
-                smaller = bucket_rows(len(live), self._row_multiple)
-                if smaller < len(meta):
-                    idx = live + [live[0]] * (smaller - len(live))
+                live = [r for r, m in enumerate(meta) if m and not done[self._slot, r]]
+                smaller = bucket_rows(most, self._host_multiple)
+                if smaller < n_rows:
+                    idx = live + [live[0] if live else 0] * (smaller - len(live))
                     keep = np.arange(smaller) < len(live)
-                    rows = _compact(self.graphdef, self.state, rows, jnp.asarray(idx, jnp.int32), jnp.asarray(keep))
+                    rows = _compact(self.graphdef, self.state, rows,
+                                    self._put(np.asarray(idx, np.int32) + self._slot * n_rows), self._put(keep))
                     meta = [meta[r] for r in live] + [None] * (smaller - len(live))
                     new_counts = new_counts[idx]
+                    n_rows = smaller
                 counts = new_counts
 
         stops = set(int(x) for x in np.asarray(consts.stop_ids) if x >= 0)
@@ -382,7 +456,7 @@ class JaxEngine(Engine):
         results = []
         for p in range(len(prompts)):
             group = []
-            for s in range(n):
+            for s in samples:
                 toks, lps, frc = out[(p, s)]
                 stopped = bool(toks) and toks[-1] in stops and not frc[-1]
                 group.append(make_completion(toks, lps, frc, "stop" if stopped else "length", opened[p],
