@@ -117,8 +117,9 @@ def job_deadline_s(job: Job) -> float:
 
 
 def limits_for(task: Task, default: Limits) -> Limits:
-    """`default` with the task's own `timeout_s` and `memory_mb` where it sets them."""
-    changes = {k: v for k, v in (("timeout_s", task.timeout_s), ("memory_mb", task.memory_mb)) if v is not None}
+    """`default` with the task's own `timeout_s`, `memory_mb` and `loopback` where it sets them."""
+    changes = {k: v for k, v in (("timeout_s", task.timeout_s), ("memory_mb", task.memory_mb),
+                                 ("loopback", task.loopback or None)) if v is not None}
     return dataclasses.replace(default, **changes) if changes else default
 
 

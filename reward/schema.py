@@ -76,6 +76,7 @@ class Task:
     timeout_s: float | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
     memory_mb: int | None = None
+    loopback: bool = False
 
     @property
     def forgeable(self) -> bool:
@@ -209,8 +210,11 @@ def task_from_json(obj: Any) -> Task:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError("field 'meta' must be an object")
+    loopback = obj.get("loopback", False)
+    if not isinstance(loopback, bool):
+        raise ValueError("field 'loopback' must be true or false")
     return Task(obj["task_id"], obj["base_id"], obj["prompt"], obj["buggy_code"], obj["solution"],
-                tests, epsilon, timeout_s, meta, memory_mb)
+                tests, epsilon, timeout_s, meta, memory_mb, loopback)
 
 
 def task_to_json(task: Task) -> dict[str, Any]:
@@ -223,6 +227,8 @@ def task_to_json(task: Task) -> dict[str, Any]:
         obj["timeout_s"] = task.timeout_s
     if task.memory_mb is not None:
         obj["memory_mb"] = task.memory_mb
+    if task.loopback:
+        obj["loopback"] = True
     if task.meta:
         obj["meta"] = task.meta
     return obj

@@ -72,3 +72,16 @@ def test_bad_predictions(tmp_path):
         load_predictions(write_lines(tmp_path / "b.jsonl", {"task_id": "t", "code": ""}, {"code": "x"}))
     with pytest.raises(SchemaError, match=r"field 'code' must be a string"):
         load_predictions(write_lines(tmp_path / "c.jsonl", {"task_id": "t", "code": 1}))
+
+
+def test_a_task_asks_for_loopback_and_its_runs_get_it():
+    from reward.sandbox import Limits, limits_for
+    from reward.schema import task_from_json, task_to_json
+
+    base = {"task_id": "t", "base_id": "b", "prompt": "p", "buggy_code": "x = 1\n", "solution": "x = 2\n",
+            "tests": {"kind": "assert", "code": "assert x == 2\n"}}
+    plain, networked = task_from_json(base), task_from_json({**base, "loopback": True})
+    assert not limits_for(plain, Limits()).loopback and limits_for(networked, Limits()).loopback
+    assert "loopback" not in task_to_json(plain) and task_from_json(task_to_json(networked)) == networked
+    with pytest.raises(ValueError, match="'loopback' must be true or false"):
+        task_from_json({**base, "loopback": "yes"})
