@@ -10,7 +10,7 @@ from jaxrl.cli import main
 
 
 def test_usage_errors_are_one_line_with_exit_2(tmp_path, capsys):
-    assert main(["serve", "--model", str(tmp_path / "none"), "--port", "30000"]) == 2
+    assert main(["serve", "--model", str(tmp_path / "none"), "--port", "30000", "--python", sys.executable]) == 2
     assert "no config.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")
     assert main(["serve", "--model", str(tmp_path), "--port", "30000", "--python", str(tmp_path / "py")]) == 2
