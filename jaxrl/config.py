@@ -711,3 +711,16 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
     for o in overrides:
         raw = apply_override(raw, o)
     return from_dict(Config, raw)
+
+
+def config_from_args(name_or_path: str, overrides: list[str], steps: int | None, out: str | None) -> Config:
+    """The run's config: the file, then `--set` overrides, then `--steps` and `--out`."""
+    raw = read_yaml(name_or_path)
+    for o in overrides:
+        raw = apply_override(raw, o)
+    run = dict(raw.get("run") or {})
+    if steps is not None:
+        run["steps"] = steps
+    if out is not None:
+        run["out"] = out
+    return from_dict(Config, {**raw, "run": run})

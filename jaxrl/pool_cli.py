@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from jaxrl.config import ConfigError
-    from jaxrl.trainer import config_from_args
+    from jaxrl.config import config_from_args
 
     try:
         cfg = config_from_args(args.config, args.overrides, None, None)

@@ -31,9 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from jaxrl.config import ConfigError
+    from jaxrl.config import ConfigError, config_from_args
     from jaxrl.supervised import SupervisedConfig, SupervisedError, train_supervised
-    from jaxrl.trainer import TrainError, config_from_args
+    from jaxrl.trainer import TrainError
 
     try:
         cfg = config_from_args(args.config, args.overrides, None, args.out)

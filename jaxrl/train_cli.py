@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     from jaxrl.config import ConfigError
 
     try:
-        from jaxrl.trainer import config_from_args
+        from jaxrl.config import config_from_args
         cfg = resolve_paths(config_from_args(args.config, args.overrides, args.steps, args.out))
     except ConfigError as e:
         print(f"precisecoder train: config error: {e}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any
 from jaxrl import hosts
 from jaxrl import metrics as M
 from jaxrl import preflight
-from jaxrl.config import Config, apply_override, from_dict, read_yaml
+from jaxrl.config import Config, config_from_args
 from jaxrl.errors import TrainError
 from jaxrl.host_digest import check_hosts_agree
 from jaxrl.rollout import Engine
@@ -102,15 +102,3 @@ def record(run: Run, done: int, metrics: dict[str, Any], validating: bool) -> No
                                   ("rollout/pass", "rollout/f1", "rollout/edited_lines", "time/step")
                                   if k in metrics and metrics[k] is not None and math.isfinite(metrics[k])})
 
-
-def config_from_args(name_or_path: str, overrides: list[str], steps: int | None, out: str | None) -> Config:
-    """The run's config: the file, then `--set` overrides, then `--steps` and `--out`."""
-    raw = read_yaml(name_or_path)
-    for o in overrides:
-        raw = apply_override(raw, o)
-    run = dict(raw.get("run") or {})
-    if steps is not None:
-        run["steps"] = steps
-    if out is not None:
-        run["out"] = out
-    return from_dict(Config, {**raw, "run": run})

@@ -104,7 +104,7 @@ def test_relative_paths_through_train_generate_and_eval(tmp_path, monkeypatch):
 
 def test_config_paths_are_taken_from_the_working_directory(tmp_path, monkeypatch):
     from jaxrl.train_cli import resolve_paths
-    from jaxrl.trainer import config_from_args
+    from jaxrl.config import config_from_args
 
     monkeypatch.chdir(tmp_path)
     cfg = resolve_paths(config_from_args("tiny", ["data.train=t.jsonl", "run.out=~/r"], None, None))
@@ -351,3 +351,13 @@ def test_plan_says_what_compiles_while_it_compiles(monkeypatch):
     lines = err.getvalue().splitlines()
     assert lines[0] == "plan: compiling train_step ..." and lines[1].startswith("plan: still compiling train_step (")
     assert lines[-1].startswith("plan: train_step compiled in ") and "train_step" in timings
+
+
+def test_a_config_error_of_train_comes_before_jax_is_imported(tmp_path):
+    """A typo in a config is one line at once, without the seconds (and libtpu probing) of importing JAX."""
+    (tmp_path / "bad.yaml").write_text("base: tiny\nrun: {stepz: 3}\n")
+    probe = ("import sys; from jaxrl.cli import main; code = main(['train', '--config', 'bad.yaml']); "
+             "print('jax imported' if 'jax' in sys.modules else 'jax not imported'); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown key run.stepz" in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "jax not imported"
