@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from jaxrl import rewards as R
 from jaxrl import tasks as T
-from jaxrl.eval.evaluate import batch_seed
+from jaxrl.eval.evaluate import EvalError, batch_seed, claim_run_dir
 from jaxrl.rollout.engine import Completion, Engine, SamplingParams
 from reward.sandbox import Limits
 from reward.schema import Task, write_jsonl
@@ -100,19 +100,10 @@ class PoolLog:
 
     def __init__(self, out_dir: str | os.PathLike, run: Mapping[str, Any], n: int):
         self.dir = Path(out_dir).expanduser()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        run_path = self.dir / POOL_RUN
-        if run_path.exists():
-            try:
-                previous = json.loads(run_path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                raise PoolError(f"{run_path} is unreadable ({e}); use another --out directory") from None
-            changed = sorted(k for k in set(previous) | set(run) if previous.get(k) != run.get(k))
-            if changed:
-                raise PoolError(f"{self.dir} holds a pool with other {', '.join(changed)}; "
-                                "use another --out directory or delete it")
-        else:
-            write_jsonl(run_path, [dict(run)])
+        try:
+            claim_run_dir(self.dir, dict(run), POOL_RUN, "pool")
+        except EvalError as e:
+            raise PoolError(str(e)) from None
         self.done: dict[str, list[dict[str, Any]]] = {}
         path = self.dir / POOL
         if path.exists():

@@ -201,10 +201,10 @@ class PredictionLog:
             self._file.close()
 
 
-def claim_run_dir(out_dir: Path, run: dict[str, Any]) -> None:
-    """Create the run directory and its run.json, or check that the run.json there has the same settings."""
+def claim_run_dir(out_dir: Path, run: dict[str, Any], name: str = RUN, kind: str = "run") -> None:
+    """Create the run directory and its run.json (`name`), or check that the one there has the same settings."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_path = out_dir / RUN
+    run_path = out_dir / name
     if run_path.exists():
         try:
             previous = json.loads(run_path.read_text(encoding="utf-8"))
@@ -212,7 +212,7 @@ def claim_run_dir(out_dir: Path, run: dict[str, Any]) -> None:
             raise EvalError(f"{run_path} is unreadable ({e}); use another --out directory") from None
         changed = sorted(k for k in set(previous) | set(run) if previous.get(k) != run.get(k))
         if changed:
-            raise EvalError(f"{out_dir} holds a run with other {', '.join(changed)}; "
+            raise EvalError(f"{out_dir} holds a {kind} with other {', '.join(changed)}; "
                             "use another --out directory or delete it")
     else:
         _write_json(run_path, run)
