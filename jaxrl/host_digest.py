@@ -21,6 +21,9 @@ from jaxrl.config import Config, to_dict
 from jaxrl.tasks import build_dir, task_paths
 
 PACKAGES = ("jaxrl", "models", "reward")  # the source trees whose code every host must run alike
+# Where a host finds things: paths are resolved from each host's working directory, so they may
+# differ; what they hold must not (task files are compared by content below).
+LOCATIONS = ("data.train", "data.val", "data.gt_debug", "data.build.cache_dir", "run.out", "model.checkpoint")
 
 
 def _sha(data: bytes) -> str:
@@ -45,18 +48,18 @@ def source_digest(root: Path = Path(__file__).resolve().parents[1]) -> str:
 
 def run_items(cfg: Config) -> dict[str, str]:
     """The items hosts must agree on, in the order they are checked: package version and
-    sources, every resolved config key, every task file's contents (explicit or built)."""
+    sources, every resolved config key but the `LOCATIONS`, every task file's contents (explicit or built)."""
     try:
         version = importlib.metadata.version("precisecoder-jax")
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
     items = {"package version": version, "package sources": source_digest()}
-    items |= {f"config {k}": v for k, v in _flat(to_dict(cfg)).items()}
+    items |= {f"config {k}": v for k, v in _flat(to_dict(cfg)).items() if k not in LOCATIONS}
     built = build_dir(cfg.data.build) if cfg.data.build is not None else None
     for split, path in task_paths(cfg.data, built).items():
         if path is not None:
             file = Path(path).expanduser()
-            items[f"task file data.{split} ({path})"] = _sha(file.read_bytes()) if file.is_file() else "absent"
+            items[f"task file data.{split}"] = _sha(file.read_bytes()) if file.is_file() else "absent"
     return items
 
 

@@ -76,7 +76,7 @@ def test_hosts_with_different_task_files_both_exit_2_naming_the_file(tmp_path):
     for lines_of_host in errors:
         assert len(lines_of_host) == 1, lines_of_host
         assert lines_of_host[0].startswith("precisecoder train: hosts disagree: host 1's task file data.train "
-                                           "(tasks.jsonl) is sha256:"), lines_of_host[0]
+                                           "is sha256:"), lines_of_host[0]
     assert errors[0] == errors[1]
     assert not (tmp_path / "run").exists()  # stopped before writing anything
 
