@@ -17,7 +17,8 @@ if [ "$extras" = sglang-jax ]; then
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     py="${SGLANG_JAX_PYTHON:-}"
     if [ -z "$py" ]; then
-      for c in python3.12 python3.13; do
+      # pyenv's shims answer only for the selected version, so also try its installed 3.12+ directly.
+      for c in python3.12 python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python3; do
         if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
           py="$c"; break
         fi
