@@ -16,7 +16,7 @@ sample's `thinking` in predictions.jsonl) is spliced in one of three ways:
 The answer room is the donor run's (max_tokens − thinking_budget); the other
 sampling settings (temperature, top-p, seed, λ, ε) are the donor run's too. A
 donor sample without a think block gives an empty trace (counted in the summary).
-PROMPTS.md gives no wording for the user-turn splice; `USER_TURN_HEADER` is this
+The paper gives no wording for the user-turn splice; `USER_TURN_HEADER` is this
 project's.
 """
 
