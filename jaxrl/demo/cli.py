@@ -115,7 +115,11 @@ def main(args: argparse.Namespace) -> int:
     # JAX read JAX_PLATFORMS when the demo modules imported it; without this it would also
     # probe for a TPU (libtpu is installed for `plan`) and print pages of warnings.
     jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
-    result = run_demo(cfg, out, progress=not args.no_progress, command=command.strip())
+    try:
+        result = run_demo(cfg, out, progress=not args.no_progress, command=command.strip())
+    except KeyboardInterrupt:
+        print(f"precisecoder demo: interrupted; the same command with --resume continues in {out}", file=sys.stderr)
+        return 130
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {out / 'report.md'}, {out / 'results.json'}, {out / 'curves.png'} "
           f"in {result['seconds'] / 60:.1f} min")
