@@ -127,3 +127,17 @@ def test_eval_from_a_checkpoint(trained_run, tmp_path):
                      "--workers", "2", "--no-progress", "--out", str(tmp_path / "out")]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["model"]["name"] == "tiny@7" and summary["samples"] == len(TASKS)
+
+
+def test_eval_from_a_relative_checkpoint_path(trained_run, tmp_path, monkeypatch):
+    """`eval --checkpoint runs/x/checkpoints/7 --tasks t.jsonl --out ev` as a user types it, from the working directory."""
+    run, _ = trained_run
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x").symlink_to(run)
+    write_tasks(tmp_path / "t.jsonl", TASKS[:1])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["eval", "--tasks", "t.jsonl", "--checkpoint", "runs/x/checkpoints/7", "--temperature", "0",
+                     "--thinking-budget", "2", "--max-tokens", "4", "--clean-thinking-budget", "2",
+                     "--workers", "1", "--no-progress", "--out", "ev"]) == 0
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert summary["model"]["step"] == 7 and summary["samples"] == 1

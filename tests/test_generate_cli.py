@@ -88,9 +88,10 @@ def test_bad_arguments_exit_2(prompts, tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
-def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path):
+def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path, monkeypatch):
     """--checkpoint reads a run directory's config.yaml and its latest step's parameters alone
-    (saved here with another optimizer than the config's: its state is not read)."""
+    (saved here with another optimizer than the config's: its state is not read); the paths are
+    relative to the working directory, as a user types them."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"model": {"family": "qwen3", "checkpoint": str(model_dir)},
@@ -102,8 +103,10 @@ def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path):
     state, _, _ = ts.init_train_state(trained, optax.adamw(1e-3), mesh)
     ckpt = Checkpointer(run / "checkpoints", async_save=False)
     ckpt.save(state, jax.random.key(0))
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out.jsonl"
-    assert _run("--checkpoint", run, "--prompts", prompts, "--out", out, "--temperature", 0, "--max-tokens", 5) == 0
+    assert _run("--checkpoint", "run", "--prompts", prompts, "--out", "out.jsonl", "--temperature", 0,
+                "--max-tokens", 5) == 0
     tok = load_tokenizer("qwen3")
     want = JaxEngine(trained, tok).generate([tok.encode(tok.render_chat(
         [{"role": "user", "content": "Fix: def f(x): return x +"}])), [151644, 872, 198, 9707]],
@@ -112,7 +115,7 @@ def test_generate_from_a_trainer_checkpoint(model_dir, prompts, tmp_path):
     base = JaxEngine(model, tok).generate([[151644, 872, 198, 9707]], SamplingParams(temperature=0.0, max_tokens=5))
     assert np.asarray(base[0][0].token_ids).tolist() != _read(out)[1]["token_ids"]  # the trained weights, not the base
     step_dir = tmp_path / "step.jsonl"
-    assert _run("--checkpoint", run / "checkpoints" / "0", "--prompts", prompts, "--out", step_dir,
+    assert _run("--checkpoint", "run/checkpoints/0", "--prompts", prompts, "--out", "step.jsonl",
                 "--temperature", 0, "--max-tokens", 5) == 0
     assert [r["token_ids"] for r in _read(step_dir)] == [r["token_ids"] for r in _read(out)]
 
