@@ -81,12 +81,12 @@ def enter_user_namespace():
     """Own a user namespace (our uid and gid mapped to themselves): it lets us make the others."""
     uid, gid = os.geteuid(), os.getegid()
     _check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
-    with open("/proc/self/setgroups", "w") as f:
-        f.write("deny")
-    with open("/proc/self/uid_map", "w") as f:
-        f.write(f"{uid} {uid} 1")
-    with open("/proc/self/gid_map", "w") as f:
-        f.write(f"{gid} {gid} 1")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)  # no file object: this runs for every spare
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
 
 
 def become_pid_namespace_init(control):
