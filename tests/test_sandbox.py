@@ -223,6 +223,37 @@ def test_double_forked_daemon_dies_with_the_run(fleet):
     assert later.passed, later
 
 
+def test_each_run_is_pid_1_of_a_pid_namespace_of_its_own(fleet):
+    """The zygote gives every spare a new pid namespace in one fork: a run's first child is pid 2 each time."""
+    program = """
+        import os
+        me = os.getpid()
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+    """
+    for _ in range(3):  # the same worker's spares, one after another
+        result = run(fleet, program, "assert (me, child) == (1, 2), (me, child)\n")
+        assert result.passed, result
+
+
+def test_a_program_holds_no_descriptor_but_its_own(fleet):
+    """Nothing the spare had before the request (such as the zygote's pid namespace) reaches the program."""
+    program = """
+        import os, stat
+        held = {}
+        for fd in range(4096):
+            try:
+                held[fd] = stat.S_ISSOCK(os.fstat(fd).st_mode)
+            except OSError:
+                pass
+    """
+    result = run(fleet, program, "assert sorted(held)[:3] == [0, 1, 2] and len(held) == 4, held\n"
+                                 "assert list(held.values())[3], held  # the socket to the judge\n")
+    assert result.passed, result
+
+
 def test_writing_outside_the_sandbox_leaves_no_file(fleet, tmp_path):
     targets = [tmp_path / "escaped.txt", Path.cwd() / "escaped.txt", Path("/tmp/escaped-sandbox.txt"),
                Path.home() / "escaped.txt", Path("/usr/escaped.txt")]
