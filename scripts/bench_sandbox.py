@@ -12,8 +12,11 @@ and their runs included: they leave no cpuacct group): on a 2-core machine, wher
 both harnesses are CPU-bound, that ratio is what throughput tends to at idle, and
 it moves much less with load than the throughput ratio.
 With --breakdown it instead times the same runs on one worker, one at a time, with
-each protection in turn left out (namespaces, the cgroup), and a run of many
-proxied calls, to price each protection separately.
+each protection in turn left out (namespaces, the cgroup), a run of many proxied
+calls (one judge round trip each), and run-process spares made and thrown away
+unused (the price of forking each run from a spare: fork, namespaces, cgroup
+placement, kill and exit; in CPU too where the meter works), to price each
+protection separately.
 
 With `--costs`, it instead prices each protection added in round 2 (issue #24):
 the fleet as shipped against the fleet without one of them (the run's network
@@ -32,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -170,8 +174,30 @@ def seconds_per_run(worker: SandboxWorker, jobs: list[Job]) -> float:
     return statistics.median(times)
 
 
-def breakdown(n: int) -> dict[str, float]:
-    """Milliseconds per run with each protection left out, and microseconds per proxied call."""
+def spare_cost(worker: SandboxWorker, n: int, cpu=None) -> tuple[float, float | None]:
+    """Median milliseconds, and CPU milliseconds (or None), per run-process spare made and thrown away unused.
+
+    What forking each run from a spare costs, apart from the run: the fork, the
+    spare's namespaces and hello, its placement in a cgroup, its kill and exit.
+    """
+    server = worker._program
+    times, cpu_start = [], cpu() if cpu else 0.0
+    for _ in range(n):
+        start = time.perf_counter()
+        local_pid, sock, (pid, _) = server.take()  # waits for the spare forked when the last one was taken
+        pidfd = os.pidfd_open(pid)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        os.close(pidfd)
+        sock.close()
+        while local_pid not in server.exits:
+            server.pump(sandbox.STARTUP_S)
+        del server.exits[local_pid]
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times), None if cpu is None else 1000 * (cpu() - cpu_start) / n
+
+
+def breakdown(n: int, cpu=None) -> dict[str, float]:
+    """Milliseconds per run with each protection left out, per spare, and microseconds per proxied call."""
     jobs = humaneval_jobs(n)
     out = {}
     for name, isolation, cgroup in (("full", "bwrap", True), ("no_cgroup", "bwrap", False),
@@ -191,6 +217,14 @@ def breakdown(n: int) -> dict[str, float]:
     finally:
         worker.close()
     out["round_trip_us"] = round(1e6 * statistics.median(per_call), 1)
+    worker = SandboxWorker("bwrap")
+    try:
+        spare_ms, spare_cpu_ms = spare_cost(worker, n, cpu)
+    finally:
+        worker.close()
+    out["spare_ms"] = round(spare_ms, 2)
+    if spare_cpu_ms is not None:
+        out["spare_cpu_ms"] = round(spare_cpu_ms, 2)
     return out
 
 
@@ -205,7 +239,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.breakdown:
         load_before = os.getloadavg()[0]
-        result = breakdown(args.n)
+        with cpu_meter() as cpu:
+            result = breakdown(args.n, cpu)
         print(json.dumps({**result, "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)]}))
         return
     jobs = humaneval_jobs(args.n)
