@@ -44,9 +44,25 @@ def _own_paths(proc_cgroup: str) -> dict[str, str]:
     return paths
 
 
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+def _write(path: Path | str, value: str) -> None:
+    """Write a control file with one write(2), as the kernel wants (no file object: some run per sandbox run)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path | str) -> str:
+    """A control file's whole text."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 1 << 16)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 16))
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
 
 
 class RunCgroup:
@@ -54,6 +70,10 @@ class RunCgroup:
 
     def __init__(self, version: int, dirs: list[Path]):
         self.version, self.dirs = version, dirs
+        # The control files touched for every run, as strings made once.
+        self._procs = [str(d / "cgroup.procs") for d in dirs]
+        events = "memory.events" if version == 2 else "memory.oom_control"
+        self._oom_events = next((str(d / events) for d in dirs if (d / events).exists()), None)
 
     @classmethod
     def create(cls, name: str, root: Path = ROOT, proc_cgroup: str | None = None) -> RunCgroup | None:
@@ -152,8 +172,8 @@ class RunCgroup:
 
     def add(self, pid: int) -> None:
         """Move process `pid` (host pid) into the group; its children are born there."""
-        for d in self.dirs:
-            _write(d / "cgroup.procs", str(pid))
+        for procs in self._procs:
+            _write(procs, str(pid))
 
     @property
     def cpu_bounded(self) -> bool:
@@ -162,21 +182,18 @@ class RunCgroup:
 
     def oom_kills(self) -> int:
         """How many processes the kernel has killed for exceeding the group's memory limit so far."""
-        name = "memory.events" if self.version == 2 else "memory.oom_control"
-        for d in self.dirs:
-            path = d / name
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
+        if self._oom_events is not None:
+            for line in _read(self._oom_events).splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
         return 0
 
     def pids(self) -> list[int]:
         found: set[int] = set()
-        for d in self.dirs:
+        for procs in self._procs:
             try:
-                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+                found.update(int(p) for p in _read(procs).split())
             except (OSError, ValueError):
                 pass
         return sorted(found)

@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -109,6 +110,10 @@ class Limits:
         if not isinstance(self.loopback, bool):
             raise ValueError(f"loopback must be a bool, got {self.loopback!r}")
 
+    def to_json(self) -> dict:
+        """The limits as a dict (`dataclasses.asdict` without its deep copy: every field is a number or bool)."""
+        return dict(self.__dict__)
+
 
 def job_deadline_s(job: Job) -> float:
     """The longest a worker may spend on `job` before a watchdog kills it: its runs' limits plus margins."""
@@ -138,7 +143,7 @@ class Job:
 
     def key(self) -> str:
         """Content address of the run (with the sandbox's own code): identical keys give identical verdicts."""
-        parts = [self.program, tests_to_json(self.tests), dataclasses.asdict(self.limits), SANDBOX_DIGEST]
+        parts = [self.program, tests_to_json(self.tests), self.limits.to_json(), SANDBOX_DIGEST]
         blob = json.dumps(parts, sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -324,6 +329,8 @@ class _Server:
         uid = self.lease.uid if self.lease else None
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control = host_end
+        self._poll = select.poll()
+        self._poll.register(host_end, select.POLLIN)
         self.spares: collections.deque[tuple[int, socket.socket, object]] = collections.deque()
         self.on_spare: Callable[[socket.socket], object] | None = None  # prepares a spare as it arrives
         self.exits: dict[int, tuple[int | None, int | None]] = {}
@@ -386,15 +393,14 @@ class _Server:
         self.send({"op": "more"})
         return spare
 
+    def _readable(self, timeout_s: float) -> bool:
+        """Whether a control message waits, within the timeout (poll, not select: any descriptor number)."""
+        return bool(self._poll.poll(math.ceil(max(0.0, timeout_s) * 1000)))
+
     def pump(self, timeout_s: float) -> bool:
         """Read one control message (a spare or an exit status) within the timeout; False if none came."""
-        sel = selectors.DefaultSelector()
-        sel.register(self.control, selectors.EVENT_READ)
-        try:
-            if not sel.select(max(0.0, timeout_s)):
-                return False
-        finally:
-            sel.close()
+        if not self._readable(timeout_s):
+            return False
         try:
             data, fds, _, _ = socket.recv_fds(self.control, 1 << 16, 1)
         except OSError as e:
@@ -421,13 +427,8 @@ class _Server:
 
     def receive(self, timeout_s: float) -> dict | None:
         """One control message, or None if the server died or stayed silent past the timeout."""
-        sel = selectors.DefaultSelector()
-        sel.register(self.control, selectors.EVENT_READ)
-        try:
-            if not sel.select(max(0.0, timeout_s)):
-                return None
-        finally:
-            sel.close()
+        if not self._readable(timeout_s):
+            return None
         try:
             data = self.control.recv(1 << 16)
         except OSError:
@@ -495,7 +496,7 @@ def _job_frame(job: Job) -> bytes | None:
     """The job as the run process receives it, or None when it is over the codec's message limit."""
     mode = job.mode
     msg = {"op": "job", "mode": mode, "fds": ["stdin", "stdout", "stderr"] + (["judge"] if mode == "proxy" else []),
-           "program": job.program, "limits": dataclasses.asdict(job.limits)}
+           "program": job.program, "limits": job.limits.to_json()}
     if mode == "inprocess":
         msg["tests"] = job.tests.code
     try:
@@ -662,7 +663,7 @@ class SandboxWorker:
                 tests_fd = _memfd("tests", job.tests.code.encode("utf-8", "surrogatepass"))
                 owned.append(tests_fd)
                 socket.send_fds(judge_sock, [b"F"], [call_judge.fileno(), tests_fd])
-                send_frame(judge_sock, {"op": "tests", "limits": dataclasses.asdict(limits)})
+                send_frame(judge_sock, {"op": "tests", "limits": limits.to_json()})
                 judge = (judge_sock, judge_pidfd)
             socket.send_fds(host, [b"F"], list(fds.values()))
             if mode == "proxy":

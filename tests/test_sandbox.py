@@ -52,14 +52,20 @@ def processes_of(uids: list[int]) -> list[tuple[int, int]]:
     return found
 
 
+# Idle processes of one worker under its two sandbox uids: the zygote and its parent (the zygote
+# is pid 1 of a pid namespace of its own), the judge server, and one spare of each server.
+IDLE_PROCESSES_PER_WORKER = 5
+
+
 def assert_clean_and_serving(fleet: Fleet) -> None:
     """Only the servers and their spares run under sandbox uids, and a normal job still passes."""
     if IS_ROOT:
         uids = fleet.worker_uids()
         deadline = time.monotonic() + 10
-        while len(processes_of(uids)) > 2 * len(uids) and time.monotonic() < deadline:
+        most = IDLE_PROCESSES_PER_WORKER * len(uids) // 2
+        while len(processes_of(uids)) > most and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(processes_of(uids)) <= 2 * len(uids), processes_of(uids)
+        assert len(processes_of(uids)) <= most, processes_of(uids)
     for _ in range(2):  # both workers
         assert run(fleet, "def f(x):\n    return x * 2\n", "assert f(21) == 42\n").passed
 
@@ -215,6 +221,37 @@ def test_double_forked_daemon_dies_with_the_run(fleet):
     later = run(fleet, "import os\nseen = os.path.exists('/tmp/daemon-alive')\nprocs = os.listdir('/proc')\n",
                 "assert not seen and procs == []\n")
     assert later.passed, later
+
+
+def test_each_run_is_pid_1_of_a_pid_namespace_of_its_own(fleet):
+    """The zygote gives every spare a new pid namespace in one fork: a run's first child is pid 2 each time."""
+    program = """
+        import os
+        me = os.getpid()
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+    """
+    for _ in range(3):  # the same worker's spares, one after another
+        result = run(fleet, program, "assert (me, child) == (1, 2), (me, child)\n")
+        assert result.passed, result
+
+
+def test_a_program_holds_no_descriptor_but_its_own(fleet):
+    """Nothing the spare had before the request (such as the zygote's pid namespace) reaches the program."""
+    program = """
+        import os, stat
+        held = {}
+        for fd in range(4096):
+            try:
+                held[fd] = stat.S_ISSOCK(os.fstat(fd).st_mode)
+            except OSError:
+                pass
+    """
+    result = run(fleet, program, "assert sorted(held)[:3] == [0, 1, 2] and len(held) == 4, held\n"
+                                 "assert list(held.values())[3], held  # the socket to the judge\n")
+    assert result.passed, result
 
 
 def test_writing_outside_the_sandbox_leaves_no_file(fleet, tmp_path):
