@@ -135,7 +135,7 @@ def test_episodes_train_through_every_stage(tmp_path):
     assert row["update/tokens"] == row["rollout/response_tokens"] * 4  # 2 tasks × G=2, every reply token trained
 
 
-@pytest.mark.slow  # 60-90 s at load 13 on 2 cores: two steps of the jax engine, 3 turns each, and their updates
+@pytest.mark.slow  # 394 s at load 30 on 2 cores (62 s at load 13): two steps of the jax engine, 3 turns each
 def test_tiny_agent_trains_with_the_jax_engine_and_the_trainer_sees_the_samplers_log_probs(tmp_path):
     train(load_config("tiny_agent", overrides(tmp_path / "run")))
     rows = without_times(tmp_path / "run")
@@ -146,7 +146,7 @@ def test_tiny_agent_trains_with_the_jax_engine_and_the_trainer_sees_the_samplers
         assert r["update/tokens"] == 4 * r["rollout/response_tokens"] > 0
 
 
-@pytest.mark.slow  # 4-6 min at load 13 on 2 cores: three `precisecoder train` processes of 3 agentic steps
+@pytest.mark.slow  # 489 s at load 27 on 2 cores: three `precisecoder train` processes, 6 agentic steps in all
 def test_a_tiny_agentic_run_resumes_after_sigkill_to_the_same_metrics(tmp_path):
     def config(name):
         path = tmp_path / f"{name}.yaml"
