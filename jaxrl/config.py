@@ -34,6 +34,7 @@ from typing import Any, Literal
 import yaml
 
 from jaxrl import algorithms
+from jaxrl.agent.env import DEFAULT_TURNS
 
 
 class ConfigError(ValueError):
@@ -157,6 +158,29 @@ NOT_FOR_TRAINING = {"openai": "an OpenAI-compatible API returns no log-probs of 
 
 
 @dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """Multi-turn rollouts (`rollout.agent`): each of a task's G rollouts is an episode of the
+    five-turn tool loop (`jaxrl.agent`); every turn samples with the rollout's settings
+    (`max_tokens` and `thinking_budget` are per turn).
+
+    Attributes:
+        turns: the turn budget of an episode.
+        max_context: tokens of a whole episode (first prompt, replies, observations): the
+            update's row length, at most the model's context. An episode whose next turn
+            might not fit ends before it (`ended_by: context`).
+    """
+
+    turns: int = DEFAULT_TURNS
+    max_context: int = 16384
+
+    def __post_init__(self):
+        if self.turns < 1:
+            raise ValueError(f"rollout.agent.turns must be >= 1, got {self.turns}")
+        if self.max_context < 2:
+            raise ValueError(f"rollout.agent.max_context must be >= 2, got {self.max_context}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How completions are sampled (the paper's settings by default).
 
@@ -167,6 +191,7 @@ class RolloutConfig:
         max_tokens: completion tokens in total, thinking and answer.
         thinking_budget: thinking tokens before the engine closes the block (None: no budget).
         options: engine-specific keyword arguments (e.g. SGLang `urls`, a memory share).
+        agent: multi-turn episodes instead of single completions (None: single-turn).
     """
 
     engine: str = "jax"
@@ -177,6 +202,7 @@ class RolloutConfig:
     max_tokens: int = 6144
     thinking_budget: int | None = 4096
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    agent: AgentConfig | None = None
 
     def __post_init__(self):
         if self.engine in NOT_FOR_TRAINING:
@@ -192,6 +218,9 @@ class RolloutConfig:
             raise ValueError("rollout.top_k must be >= 0 and rollout.max_tokens >= 1")
         if self.thinking_budget is not None and not 0 <= self.thinking_budget <= self.max_tokens:
             raise ValueError(f"rollout.thinking_budget must be in [0, max_tokens], got {self.thinking_budget}")
+        if self.agent is not None and self.agent.max_context <= self.max_tokens:
+            raise ValueError(f"rollout.agent.max_context ({self.agent.max_context}) must exceed rollout.max_tokens "
+                             f"({self.max_tokens}), one turn's tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -531,6 +560,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         for arm in args:
             if arm is type(None):
                 continue
+            if dataclasses.is_dataclass(arm) and isinstance(value, Mapping):
+                return _coerce(arm, value, key)  # its own error names the key inside it
             try:
                 return _coerce(arm, value, key)
             except ConfigError as e:

@@ -2,13 +2,15 @@
 
 `check(cfg, resume)` raises `TrainError` (exit 2, one line naming the key) for: the
 algorithm (its estimator importable, its options accepted), the engine (registered,
-and able to return the policy's log-probs), paths, the mesh against the devices,
-the batch against the micro-batches, and `--out` against `--resume`.
+and able to return the policy's log-probs), paths, the agent's episode length
+against the model's context, the mesh against the devices, the batch against the
+micro-batches, and `--out` against `--resume`.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import jax
@@ -35,6 +37,7 @@ def check(cfg: Config, resume: bool) -> algorithms.Resolved:
                             cfg.algorithm.estimator)
     _check_engine(cfg.rollout.engine)
     _check_paths(cfg)
+    _check_agent_context(cfg)
     try:
         msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     except ValueError as e:
@@ -81,6 +84,23 @@ def _check_paths(cfg: Config) -> None:
     out = Path(cfg.run.out).expanduser()
     if out.exists() and not out.is_dir():
         raise TrainError(f"run.out: {out} is a file, not a directory")
+
+
+def model_context(cfg: Config) -> int:
+    """The model's context in tokens (`max_position_embeddings` of its HF config; 32768 when unset)."""
+    if cfg.model.architecture is not None:
+        hf = dict(cfg.model.architecture)
+    else:
+        hf = json.loads((Path(cfg.model.checkpoint).expanduser() / "config.json").read_text())
+    hf = hf.get("text_config", hf)  # Qwen3.5 checkpoints nest the language model's config
+    return int(hf.get("max_position_embeddings", 32768))
+
+
+def _check_agent_context(cfg: Config) -> None:
+    agent = cfg.rollout.agent
+    if agent is not None and agent.max_context > model_context(cfg):
+        raise TrainError(f"rollout.agent.max_context={agent.max_context} exceeds the model's context of "
+                         f"{model_context(cfg)} tokens (max_position_embeddings)")
 
 
 def has_checkpoint(out: Path) -> bool:

@@ -30,6 +30,7 @@ import optax
 from flax import nnx
 
 from jaxrl import algorithms, hosts
+from jaxrl.agent import train as agent_train
 from jaxrl import metrics as M
 from jaxrl import rewards as R
 from jaxrl import tasks as T
@@ -159,6 +160,10 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
             T.TaskStream(train_tasks, cfg.data.tasks_per_step, cfg.data.seed, tokenizer, cfg.data.prompt, pi, pc)))
         prompt_len = pad_length(max(len(T.render(t, tokenizer, cfg.data.prompt).prompt_ids) for t in train_tasks),
                                 cfg.data.prompt_multiple)
+        if cfg.rollout.agent is None:
+            seq, logp_from = prompt_len + cfg.rollout.max_tokens, prompt_len
+        else:
+            seq, logp_from = agent_train.row_shape(cfg, train_tasks, tokenizer)
 
         model = build_model(cfg, mesh, rules)
         undivided = msh.undivided(nnx.split(model, nnx.Param, ...)[1], mesh, rules)
@@ -173,7 +178,7 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         del model
         ref_params = jax.tree.map(jnp.copy, state.params) if cfg.loss.kl_coef > 0 else None
         step_fn, batch_shardings, state_shardings = _jit_update(cfg, graphdef, rest, tx, mesh, rules, state,
-                                                                prompt_len, ref_params is not None)
+                                                                seq, logp_from, ref_params is not None)
 
         ckpt = stack.enter_context(contextlib.closing(Checkpointer(out / "checkpoints", max_to_keep=cfg.run.keep_last)))
         best_ckpt = stack.enter_context(contextlib.closing(Checkpointer(out / "best", max_to_keep=1))) \
@@ -193,7 +198,7 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         run = Run(cfg, out, algorithm, mesh, rules, tokenizer, stream, val_tasks, gt_tasks, prompt_len, graphdef,
                   rest, step_fn, batch_shardings, state_shardings,
                   jax.jit(algorithm.advantages), jax.jit(optax.tree.norm), ref_params,
-                  _reference_logprobs(cfg, graphdef, rest, prompt_len, batch_shardings), ckpt, best_ckpt, rng, start,
+                  _reference_logprobs(cfg, graphdef, rest, logp_from, batch_shardings), ckpt, best_ckpt, rng, start,
                   best)
         try:
             run.engine = (engine_factory or make_engine_for)(cfg, run.model_of(state), tokenizer, mesh, rules)
@@ -215,11 +220,11 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
 
 
 def _jit_update(cfg: Config, graphdef: nnx.GraphDef, rest: nnx.State, tx: optax.GradientTransformation,
-                mesh: jax.sharding.Mesh, rules: tuple, state: ts.TrainState, prompt_len: int, with_ref: bool
-                ) -> tuple[ts.ShardedStep, ts.Batch, ts.TrainState]:
-    """The jitted update for the run's batch shape, with the batch and state shardings."""
+                mesh: jax.sharding.Mesh, rules: tuple, state: ts.TrainState, seq: int, logp_from: int,
+                with_ref: bool) -> tuple[ts.ShardedStep, ts.Batch, ts.TrainState]:
+    """The jitted update for rows of `seq` tokens whose loss mask is 0 before `logp_from`, with the batch
+    and state shardings."""
     rows = cfg.data.tasks_per_step * cfg.rollout.group_size
-    seq = prompt_len + cfg.rollout.max_tokens
     batch_devices = math.prod(mesh.shape[a] for a in dict(rules)["batch"])
     if (rows // cfg.run.micro_batches) % batch_devices:
         warn(f"a micro-batch of {rows // cfg.run.micro_batches} rows does not split over the {batch_devices} "
@@ -231,21 +236,21 @@ def _jit_update(cfg: Config, graphdef: nnx.GraphDef, rest: nnx.State, tx: optax.
         ref_logp_BxT=spec((rows, seq), jnp.float32) if with_ref else None,
         segment_ids_BxT=spec((rows, seq), jnp.int32))
     abstract_state = jax.eval_shape(lambda s: s, state)
-    step_cfg = ts.TrainStepConfig(cfg.loss, cfg.optimizer, cfg.run.micro_batches, prompt_len)
+    step_cfg = ts.TrainStepConfig(cfg.loss, cfg.optimizer, cfg.run.micro_batches, logp_from)
     step_fn = ts.jit_train_step(graphdef, rest, tx, step_cfg, mesh, abstract_state, abstract_batch, rules)
     return (step_fn, ts.batch_shardings(abstract_batch, mesh, rules),
             ts.state_shardings(abstract_state, mesh, rules))
 
 
-def _reference_logprobs(cfg: Config, graphdef: nnx.GraphDef, rest: nnx.State, prompt_len: int,
+def _reference_logprobs(cfg: Config, graphdef: nnx.GraphDef, rest: nnx.State, logp_from: int,
                         batch_shardings: ts.Batch) -> Callable[..., jax.Array]:
-    """Jitted log-probs of the batch's tokens under given (reference) parameters."""
+    """Jitted log-probs of the batch's tokens under given (reference) parameters, from `logp_from` on."""
 
     def ref_logprobs(params, tokens, seg):
         m = nnx.merge(graphdef, params, rest)
-        hidden = m(tokens, segment_ids=seg, return_hidden=True)[:, prompt_len - 1:]
-        logp = chunked_logprobs(hidden, m.lm_head_weight(), tokens[:, prompt_len - 1:], cfg.loss.logp_chunk,
+        hidden = m(tokens, segment_ids=seg, return_hidden=True)[:, logp_from - 1:]
+        logp = chunked_logprobs(hidden, m.lm_head_weight(), tokens[:, logp_from - 1:], cfg.loss.logp_chunk,
                                 cfg.loss.temperature)[0]
-        return jnp.pad(logp, ((0, 0), (prompt_len - 1, 0)))
+        return jnp.pad(logp, ((0, 0), (logp_from - 1, 0)))
 
     return jax.jit(ref_logprobs, out_shardings=batch_shardings.old_logp_BxT)

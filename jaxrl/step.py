@@ -10,8 +10,10 @@ completion g of task n); each stage fills its columns:
     update      jaxrl.train_step           the jitted, sharded, micro-batched update
     push        engine.update_weights      the new weights to the engine
 
-A new rollout kind replaces `sample` (and, where its rows differ, `update`'s batch);
-a new algorithm is an entry of `jaxrl.algorithms`. Nothing here imports the loop.
+A new rollout kind replaces `sample` (and, where its rows differ, `update`'s batch):
+with `rollout.agent` set, rows are multi-turn episodes (`jaxrl.agent.train`: the final
+file is the prediction, each episode one update row). A new algorithm is an entry of
+`jaxrl.algorithms`. Nothing here imports the loop.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ import numpy as np
 from jaxrl import hosts
 from jaxrl import metrics as M
 from jaxrl import rewards as R
+from jaxrl.agent import train as agent_train
+from jaxrl.agent.rollout import AgentRollout
+from jaxrl.agent.tokens import episode_rows
 from jaxrl.batching import make_batch, rollout_rows, to_global
 from jaxrl.errors import TrainError
 from jaxrl.rollout import Completion, SamplingParams
@@ -45,7 +50,8 @@ class Rollouts:
 
     Attributes:
         tasks, prompt_ids, think_opened: of the row's task.
-        completions: what the engine sampled.
+        completions: what the engine sampled (an episode's: `agent_train.summary_completion`).
+        episodes: the agent's episodes, one per row (empty for single-turn rollouts).
         scores: score rows (after `score`).
         terms_RxK: the algorithm's reward terms (after `score`).
         advantages_R: one advantage per row (after `advantages`).
@@ -55,6 +61,7 @@ class Rollouts:
     prompt_ids: tuple[tuple[int, ...], ...]
     think_opened: tuple[bool, ...]
     completions: tuple[Completion, ...]
+    episodes: tuple[AgentRollout, ...] = ()
     scores: tuple[Score, ...] = ()
     terms_RxK: np.ndarray | None = None
     advantages_R: np.ndarray | None = None
@@ -65,16 +72,25 @@ class Rollouts:
 
 
 def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
-    """G completions per task from the engine, with the step's sampling seed."""
+    """G completions (or episodes, with `rollout.agent`) per task from the engine, with the step's seed."""
     r = run.cfg.rollout
     seed = int(jax.random.randint(jax.random.fold_in(run.rng, index), (), 0, 2 ** 31 - 1))
     params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                             max_tokens=r.max_tokens, thinking_budget=r.thinking_budget, seed=seed)
     try:
-        groups = run.engine.generate([t.prompt_ids for t in tasks], params)
+        if r.agent is not None:
+            episodes = agent_train.sample_episodes(run.engine, run.tokenizer, [t.task for t in tasks], r.group_size,
+                                                   params, run.cfg)
+        else:
+            groups = run.engine.generate([t.prompt_ids for t in tasks], params)
     except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
         raise TrainError(f"step {index + 1}: the rollout engine failed ({type(e).__name__}: {e}); "
                          f"continue from the last checkpoint with --resume") from e
+    if r.agent is not None:
+        rendered = [t for t in tasks for _ in range(r.group_size)]
+        return Rollouts(tuple(t.task for t in rendered), tuple(t.prompt_ids for t in rendered),
+                        tuple(t.think_opened for t in rendered),
+                        tuple(agent_train.summary_completion(e) for e in episodes), tuple(episodes))
     rows = [(t, c) for t, group in zip(tasks, groups, strict=True) for c in group]
     return Rollouts(tuple(t.task for t, _ in rows), tuple(t.prompt_ids for t, _ in rows),
                     tuple(t.think_opened for t, _ in rows), tuple(c for _, c in rows))
@@ -82,8 +98,11 @@ def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
 
 def score(run: Run, rollouts: Rollouts) -> Rollouts:
     """Score rows on the fleet and the algorithm's reward terms of each."""
-    pairs = [(t, R.prediction_of(t, c.text, opened))
-             for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
+    if rollouts.episodes:
+        pairs = [(t, agent_train.prediction_of(e.episode)) for t, e in zip(rollouts.tasks, rollouts.episodes)]
+    else:
+        pairs = [(t, R.prediction_of(t, c.text, opened))
+                 for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
     scores = tuple(run.scorer(pairs))
     terms = np.asarray([run.algorithm.term_values(s, t) for s, t in zip(scores, rollouts.tasks)], np.float32)
     return dataclasses.replace(rollouts, scores=scores, terms_RxK=terms.reshape(len(scores), -1))
@@ -110,8 +129,12 @@ def advantages(run: Run, rollouts: Rollouts) -> tuple[Rollouts, np.ndarray, np.n
 def update(run: Run, state: TrainState, rollouts: Rollouts) -> tuple[TrainState, dict[str, float]]:
     """One policy update on the rollouts (with reference log-probs when the loss has a KL term)."""
     g = run.cfg.rollout.group_size
-    rows = rollout_rows(rollouts.prompt_ids[::g], rollouts.groups(g), run.prompt_len, run.cfg.rollout.max_tokens,
-                        run.tokenizer.pad_id)
+    if rollouts.episodes:
+        rows = episode_rows([e.segments for e in rollouts.episodes], run.tokenizer.pad_id,
+                            run.cfg.rollout.agent.max_context)
+    else:
+        rows = rollout_rows(rollouts.prompt_ids[::g], rollouts.groups(g), run.prompt_len,
+                            run.cfg.rollout.max_tokens, run.tokenizer.pad_id)
     batch = to_global(make_batch(rows, rollouts.advantages_R),
                       dataclasses.replace(run.batch_shardings, ref_logp_BxT=None))
     if run.ref_params is not None:
@@ -148,4 +171,7 @@ def step(run: Run, state: TrainState, tasks: Sequence[Rendered], index: int,
         push(run, state, index)
     metrics = {**M.rollout_metrics(columns, terms, run.algorithm.terms, run.cfg.rollout.group_size),
                **update_metrics, "advantage/abs_mean": float(np.abs(adv_NxG).mean())}
+    if rollouts.episodes:
+        metrics |= agent_train.agent_metrics(
+            hosts.gather_rows(agent_train.agent_columns([e.episode for e in rollouts.episodes])))
     return state, metrics

@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-EndedBy = Literal["submit", "turns"]
+# "context": the next turn might not have fit the row (`run_episodes(max_context=...)`, training).
+EndedBy = Literal["submit", "turns", "context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Episode:
     def from_json(cls, obj: Mapping[str, Any]) -> Episode:
         names = [f.name for f in dataclasses.fields(Turn)]
         turns = tuple(Turn(**{n: t[n] for n in names}) for t in obj["turns"])
-        if obj["ended_by"] not in ("submit", "turns") or not turns:
+        if obj["ended_by"] not in ("submit", "turns", "context") or not turns:
             raise ValueError(f"not an episode: ended_by {obj['ended_by']!r}, {len(turns)} turns")
         return cls(obj["task_id"], int(obj["sample"]), turns, obj["ended_by"], obj["file"])
 

@@ -58,6 +58,7 @@ class _Running:
         self.think_opened = not chat and enable_thinking and text.endswith(THINK_OPEN)
         self.segments = [Segment(tuple(tokenizer.encode(text)))]
         self.turns: list[Turn] = []
+        self.out_of_room = False
 
     def request(self) -> Request:
         return Request(self.task, list(self.messages), [] if self.chat else context_ids(self.segments),
@@ -78,14 +79,15 @@ class _Running:
             self.segments.append(Segment(tuple(self.tokenizer.encode(text))))
 
     def result(self) -> AgentRollout:
-        ended = "submit" if self.env.submitted else "turns"
+        ended = "submit" if self.env.submitted else "context" if self.out_of_room else "turns"
         episode = Episode(self.task.task_id, self.sample, tuple(self.turns), ended, self.env.file)
         return AgentRollout(episode, None if self.chat else tuple(self.segments))
 
 
 def run_episodes(sampler: Sampler, tokenizer, starts: Sequence[tuple[Task, int]], params: SamplingParams, *,
                  turns: int = DEFAULT_TURNS, enable_thinking: bool = True, chat: bool = False,
-                 test_runner: Callable[[Task], TestRunner] | None = None) -> list[AgentRollout]:
+                 test_runner: Callable[[Task], TestRunner] | None = None,
+                 max_context: int | None = None) -> list[AgentRollout]:
     """Run one episode per (task, sample index) to its end, all turns batched; rollouts in input order.
 
     Args:
@@ -97,11 +99,17 @@ def run_episodes(sampler: Sampler, tokenizer, starts: Sequence[tuple[Task, int]]
         enable_thinking: render the chat with thinking on.
         chat: send messages (`engine.chat`) instead of token ids.
         test_runner: the task -> its `run_tests` tool; None leaves the tool off.
+        max_context: token episodes only: an episode whose context plus `params.max_tokens` exceeds
+            this ends before the turn (`ended_by` "context"), so every row fits `max_context` tokens.
     """
     running = [_Running(task, k, tokenizer, turns, enable_thinking, chat,
                         test_runner(task) if test_runner else None) for task, k in starts]
     for t in range(turns):
-        active = [r for r in running if not r.env.done]
+        if max_context is not None and not chat:
+            for r in running:
+                if not r.env.done and sum(len(s.token_ids) for s in r.segments) + params.max_tokens > max_context:
+                    r.out_of_room = True
+        active = [r for r in running if not r.env.done and not r.out_of_room]
         if not active:
             break
         seed = batch_seed(params.seed, f"{active[0].task.task_id}#{active[0].sample}#turn{t}")
