@@ -11,10 +11,13 @@ from test_train_e2e import EXAMPLES, REPO, RUNNER, env, free_port, records, writ
 PREFIXES = ("update/", "reward/", "rollout/", "advantage/", "val/", "gt_debug/")
 
 
-def launch(log, *args, devices, cwd=REPO):
+def launch(log, *args, devices, cwd=REPO, xla_flags=""):
     """`precisecoder train ARGS` writing stdout and stderr to `log`.out / `log`.err: a host whose pipe
     nobody reads would block on a write while the other waits for it at the shutdown barrier."""
-    return subprocess.Popen([sys.executable, str(RUNNER), *map(str, args)], env=env(devices), cwd=cwd,
+    e = env(devices)
+    if xla_flags:
+        e["XLA_FLAGS"] += f" {xla_flags}"
+    return subprocess.Popen([sys.executable, str(RUNNER), *map(str, args)], env=e, cwd=cwd,
                             stdout=open(f"{log}.out", "w"), stderr=open(f"{log}.err", "w"), text=True)
 
 
@@ -23,25 +26,38 @@ def wait(proc, log):
     return proc.returncode, Path(f"{log}.err").read_text()
 
 
-@pytest.mark.slow  # about 2 min here: three `precisecoder train` processes, each compiling the engine and the step
+# Three `precisecoder train` processes, each compiling the sampler and the update: 115 s of CPU
+# (7 min at load average 30 to 40 on 2 cores). Slow until the default run has room for it.
+@pytest.mark.slow
 def test_jax_engine_on_two_hosts_equals_one_host(tmp_path):
     """A random policy earns no reward, so this shows sampling, validation and the update's inputs
     (log-probs, entropy) agreeing; updates from non-zero advantages on two hosts are
     test_train_e2e's two-process test (scripted engine)."""
-    # 2 val tasks + 4 GT Debug tasks (3 buggy, 1 clean): 5 buggy and 1 clean tasks, neither count
-    # divides over 2 hosts, so host 1 pads its block of each kind
-    sections = dict(rollout={"engine": "jax", "max_tokens": 8, "thinking_budget": 4}, data={"tasks_per_step": 4},
-                    run={"steps": 2, "eval_every": 0, "save_every": 0},
-                    validation={"val_tasks": 2, "gt_debug_tasks": 4, "max_tokens": 8, "thinking_budget": 4,
+    # Without the one task whose prompt passes 128 tokens, training and validation share a prompt bucket
+    # and so the engine's programs: each process compiles one prefill and one decode segment, not two.
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(line for line in EXAMPLES.read_text().splitlines(keepends=True)
+                             if '"example/max_run#' not in line))
+    # 1 val task + 3 GT Debug tasks (add, triangle, clamp#clean): 3 buggy and 1 clean tasks, neither count
+    # divides over 2 hosts, so host 1 pads its block of each kind. No best checkpoint or TensorBoard files:
+    # the test reads metrics.jsonl only.
+    sections = dict(rollout={"engine": "jax", "max_tokens": 8, "thinking_budget": 4},
+                    data={"tasks_per_step": 4, "train": str(short), "val": str(short), "gt_debug": str(short)},
+                    run={"steps": 2, "eval_every": 0, "save_every": 0, "best_metric": None, "tensorboard": False},
+                    validation={"val_tasks": 1, "gt_debug_tasks": 3, "max_tokens": 8, "thinking_budget": 4,
                                 "gt_debug_thinking_budget": 4})
+    # The same XLA flags for all three; LLVM's cheapest code generation compiles faster, and the
+    # runs it compares are compiled alike.
+    fast = "--xla_backend_optimization_level=0"
     one = tmp_path / "one"
     logs = [tmp_path / name for name in ("one", "host0", "host1")]
-    single = launch(logs[0], "--config", write_config(tmp_path / "one.yaml", one, **sections), devices=8)
+    single = launch(logs[0], "--config", write_config(tmp_path / "one.yaml", one, **sections), devices=8,
+                    xla_flags=fast)
     two = tmp_path / "two"
     cfg = write_config(tmp_path / "two.yaml", two, **sections)
     port = free_port()
     procs = [launch(logs[1 + i], "--config", cfg, "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
-                    "--process-id", i, devices=4) for i in range(2)]
+                    "--process-id", i, devices=4, xla_flags=fast) for i in range(2)]
     for p, log in zip((single, *procs), logs):
         rc, err = wait(p, log)
         assert rc == 0, err[-3000:]
