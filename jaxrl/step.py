@@ -68,8 +68,7 @@ def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
     """G completions per task from the engine, with the step's sampling seed."""
     r = run.cfg.rollout
     seed = int(jax.random.randint(jax.random.fold_in(run.rng, index), (), 0, 2 ** 31 - 1))
-    params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_tokens=r.max_tokens, thinking_budget=r.thinking_budget, seed=seed)
+    params = SamplingParams.of(r, n=r.group_size, seed=seed)
     try:
         groups = run.engine.generate([t.prompt_ids for t in tasks], params)
     except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
