@@ -24,7 +24,9 @@ class DecoderEngine(Engine):
 
     def __init__(self, model, tokenizer, mesh=None, rules=None, **_):
         self.tokenizer = tokenizer
-        self.spec = TokenSpec.from_tokenizer(tokenizer)
+        # A Qwen-like tokenizer's think block, else (a character tokenizer) only its stops.
+        self.spec = (TokenSpec.from_tokenizer(tokenizer) if hasattr(tokenizer, "think_id")
+                     else TokenSpec(stop_ids=tuple(tokenizer.stop_ids)))
         self.decoder = decode.Decoder(model)
         self.state = self.decoder.state
         self.updates = 0
