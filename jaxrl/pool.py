@@ -71,7 +71,8 @@ class PoolSettings(Sampling):
 
 def settings_of(cfg: Any, n: int, seed: int | None = None) -> PoolSettings:
     """The pool settings of a training config: its rollout sampling, prompt and reward, with n samples."""
-    return PoolSettings(**sampling_kwargs(cfg.rollout), n=n, prompt=cfg.data.prompt, seed=cfg.run.seed if seed is None else seed, lam=cfg.reward.lam,
+    return PoolSettings(**sampling_kwargs(cfg.rollout), n=n, prompt=cfg.data.prompt,
+                        seed=cfg.run.seed if seed is None else seed, lam=cfg.reward.lam,
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
 
 
