@@ -107,4 +107,3 @@ def test_every_preset_gives_its_engine_only_options_it_takes(path):
     inspect.signature(engine).bind_partial(**cfg.rollout.options)
     if cfg.rollout.engine == "sglang":
         assert cfg.rollout.options.get("weights_dir"), "training with sglang needs rollout.options.weights_dir"
-
