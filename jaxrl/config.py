@@ -22,7 +22,6 @@ Every key is documented in docs/trainer.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import types
@@ -35,6 +34,7 @@ import yaml
 
 from jaxrl import algorithms
 from jaxrl.agent.env import DEFAULT_TURNS
+from jaxrl.sampling import Sampling
 
 
 class ConfigError(ValueError):
@@ -181,42 +181,30 @@ class AgentConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How completions are sampled (the paper's settings by default).
+class RolloutConfig(Sampling):
+    """How completions are sampled: the sampling settings of `jaxrl.sampling.Sampling` (temperature,
+    top_p, top_k, max_tokens, thinking_budget; the paper's by default), plus:
 
     Attributes:
         engine: a registered engine name (`jax`, `sglang`, ...).
         group_size: G, rollouts per task.
-        temperature, top_p, top_k: sampling (top_k 0 keeps all tokens).
-        max_tokens: completion tokens in total, thinking and answer.
-        thinking_budget: thinking tokens before the engine closes the block (None: no budget).
         options: engine-specific keyword arguments (e.g. SGLang `urls`, a memory share).
         agent: multi-turn episodes instead of single completions (None: single-turn).
     """
 
     engine: str = "jax"
     group_size: int = 6
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 6144
-    thinking_budget: int | None = 4096
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     agent: AgentConfig | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.engine in NOT_FOR_TRAINING:
             raise ValueError(f"rollout.engine: {self.engine} cannot train ({NOT_FOR_TRAINING[self.engine]}); "
                              "use jax or sglang")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or self.max_tokens < 1:
-            raise ValueError("rollout.top_k must be >= 0 and rollout.max_tokens >= 1")
-        if self.thinking_budget is not None and not 0 <= self.thinking_budget <= self.max_tokens:
+        if self.thinking_budget is not None and self.thinking_budget > self.max_tokens:
             raise ValueError(f"rollout.thinking_budget must be in [0, max_tokens], got {self.thinking_budget}")
         if self.agent is not None and self.agent.max_context <= self.max_tokens:
             raise ValueError(f"rollout.agent.max_context ({self.agent.max_context}) must exceed rollout.max_tokens "
@@ -435,17 +423,16 @@ class HardwareConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ValidationConfig:
+class ValidationConfig(Sampling):
     """Validation on the val split (pass, precision, recall, lines) and GT Debug (no-op, damage).
 
     It runs `precisecoder eval`'s protocol (`jaxrl.eval`): one sample per task by default,
-    the run's prompt, thinking on.
+    the run's prompt, thinking on. The sampling settings (`jaxrl.sampling.Sampling`) are
+    those of the val split (the paper's 6,144 tokens with a 4,096-token thinking budget).
 
     Attributes:
         val_tasks, gt_debug_tasks: use the first T tasks of each file (None: all; 0: skip).
         samples: completions per task.
-        temperature, top_p, top_k: sampling.
-        max_tokens, thinking_budget: budgets on the val split (the paper's 6,144 / 4,096).
         gt_debug_thinking_budget: thinking budget on GT Debug (16,384); its total is this
             plus the val split's room for the answer (max_tokens − thinking_budget).
     """
@@ -453,20 +440,16 @@ class ValidationConfig:
     val_tasks: int | None = None
     gt_debug_tasks: int | None = None
     samples: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 6144
-    thinking_budget: int | None = 4096
     gt_debug_thinking_budget: int | None = 16384
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("val_tasks", "gt_debug_tasks"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"validation.{name} must be >= 0, got {getattr(self, name)}")
-        if self.samples < 1 or self.max_tokens < 1:
-            raise ValueError("validation.samples and validation.max_tokens must be >= 1")
-        if self.thinking_budget is not None and not 0 <= self.thinking_budget < self.max_tokens:
+        if self.samples < 1:
+            raise ValueError("validation.samples must be >= 1")
+        if self.thinking_budget is not None and self.thinking_budget >= self.max_tokens:
             raise ValueError(f"validation.thinking_budget must leave room for an answer within max_tokens, "
                              f"got {self.thinking_budget} of {self.max_tokens}")
 

@@ -30,6 +30,7 @@ from jaxrl import rewards as R
 from jaxrl import tasks as T
 from jaxrl.eval.evaluate import EvalError, batch_seed, claim_run_dir
 from jaxrl.rollout.engine import Completion, Engine, SamplingParams
+from jaxrl.sampling import Sampling, sampling_kwargs
 from reward.sandbox import Limits
 from reward.schema import Task, write_jsonl
 from reward.score import Score, score_predictions
@@ -42,42 +43,35 @@ class PoolError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class PoolSettings:
-    """Everything that changes a pool's rows (the paper: 16 samples at T = 1.0, top-p 1.0).
+class PoolSettings(Sampling):
+    """Everything that changes a pool's rows (the paper: 16 samples at T = 1.0, top-p 1.0): the
+    sampling settings (`jaxrl.sampling.Sampling`), plus:
 
     Attributes:
         n: samples per task.
         prompt: the prompt template (`jaxrl.prompts`), the one the policy is trained with.
-        temperature, top_p, top_k, max_tokens, thinking_budget: sampling.
         seed: each batch of tasks samples with a seed derived from it and its first task.
         lam, epsilon, timeout_s: the scorer's λ, ε and per-run timeout.
     """
 
     n: int = 16
     prompt: str = "minimal"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 6144
-    thinking_budget: int | None = 4096
     seed: int = 0
     lam: float = 1 / 3
     epsilon: int = 1
     timeout_s: float = 5.0
 
     def __post_init__(self):
-        self.params(self.seed)  # SamplingParams validates n and the sampling fields.
+        super().__post_init__()
+        self.params(self.seed)  # SamplingParams validates n.
 
     def params(self, seed: int) -> SamplingParams:
-        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_tokens=self.max_tokens, thinking_budget=self.thinking_budget, seed=seed)
+        return SamplingParams.of(self, n=self.n, seed=seed)
 
 
 def settings_of(cfg: Any, n: int, seed: int | None = None) -> PoolSettings:
     """The pool settings of a training config: its rollout sampling, prompt and reward, with n samples."""
-    r = cfg.rollout
-    return PoolSettings(n=n, prompt=cfg.data.prompt, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        max_tokens=r.max_tokens, thinking_budget=r.thinking_budget,
+    return PoolSettings(**sampling_kwargs(cfg.rollout), n=n, prompt=cfg.data.prompt,
                         seed=cfg.run.seed if seed is None else seed, lam=cfg.reward.lam,
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
 

@@ -75,8 +75,7 @@ def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
     """G completions (or episodes, with `rollout.agent`) per task from the engine, with the step's seed."""
     r = run.cfg.rollout
     seed = int(jax.random.randint(jax.random.fold_in(run.rng, index), (), 0, 2 ** 31 - 1))
-    params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_tokens=r.max_tokens, thinking_budget=r.thinking_budget, seed=seed)
+    params = SamplingParams.of(r, n=r.group_size, seed=seed)
     try:
         if r.agent is not None:
             episodes = agent_train.sample_episodes(run.engine, run.tokenizer, [t.task for t in tasks], r.group_size,

@@ -25,6 +25,7 @@ from jaxrl.config import Config
 from jaxrl.eval.evaluate import Sample, evaluate, metrics_of, summarize
 from jaxrl.eval.protocol import EvalSettings
 from jaxrl.rollout import Engine
+from jaxrl.sampling import sampling_kwargs
 from reward.schema import Task
 from reward.score import Score
 
@@ -32,8 +33,7 @@ from reward.score import Score
 def eval_settings(cfg: Config, seed: int) -> EvalSettings:
     """The evaluation protocol of the run's validation."""
     v = cfg.validation
-    return EvalSettings(prompt=cfg.data.prompt, samples=v.samples, temperature=v.temperature, top_p=v.top_p,
-                        top_k=v.top_k, thinking_budget=v.thinking_budget, max_tokens=v.max_tokens,
+    return EvalSettings(**sampling_kwargs(v), prompt=cfg.data.prompt, samples=v.samples,
                         clean_thinking_budget=v.gt_debug_thinking_budget, seed=seed, lam=cfg.reward.lam,
                         epsilon=cfg.reward.epsilon, timeout_s=cfg.reward.timeout_s)
 

@@ -15,6 +15,7 @@ from flax import nnx
 
 from jaxrl.batching import pad_length
 from jaxrl.rollout import Completion, Engine, SamplingParams, register_engine
+from jaxrl.rollout.text import TokenSpec, make_completion, prompt_opens_think
 from models import decode
 
 
@@ -23,6 +24,9 @@ class DecoderEngine(Engine):
 
     def __init__(self, model, tokenizer, mesh=None, rules=None, **_):
         self.tokenizer = tokenizer
+        # A Qwen-like tokenizer's think block, else (a character tokenizer) only its stops.
+        self.spec = (TokenSpec.from_tokenizer(tokenizer) if hasattr(tokenizer, "think_id")
+                     else TokenSpec(stop_ids=tuple(tokenizer.stop_ids)))
         self.decoder = decode.Decoder(model)
         self.state = self.decoder.state
         self.updates = 0
@@ -43,12 +47,10 @@ class DecoderEngine(Engine):
         comps = []
         for i in range(len(rows)):
             n = int(lengths[i])
-            tok = tuple(int(t) for t in tokens[i, :n])
-            stop = n > 0 and tok[-1] in self.tokenizer.stop_ids
-            text = self.tokenizer.decode(tok[:-1] if stop else tok)  # the `Completion` contract: no stop text
-            thinking, answer = (text.split("</think>", 1) + [""])[:2] if "</think>" in text else (None, text)
-            comps.append(Completion(tok, tuple(float(x) for x in logps[i, :n]), "stop" if stop else "length",
-                                    text, thinking, answer, (False,) * n))
+            tok = [int(t) for t in tokens[i, :n]]
+            stop = n > 0 and tok[-1] in self.spec.stop_ids
+            comps.append(make_completion(tok, logps[i, :n], (False,) * n, "stop" if stop else "length",
+                                         prompt_opens_think(rows[i], self.spec), self.spec, self.tokenizer.decode))
         return [comps[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def update_weights(self, model, *, step):

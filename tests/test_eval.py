@@ -43,10 +43,20 @@ def test_task_kinds_from_meta_or_from_the_diff():
     assert [task_kind(t) for t in TASKS] == ["single", "multi", "multi_line", "clean", "clean"]
 
 
-def test_budgets_follow_the_paper():
+def test_budgets_and_temperature_follow_the_paper():
+    """The budgets of appendix C and the evaluation temperature of B.6, which `eval --help` cites."""
+    import argparse
+
+    from jaxrl.eval.cli import add_arguments
+
     s = EvalSettings()
     buggy, clean = s.params(clean=False), s.params(clean=True)
-    assert (buggy.n, buggy.temperature, buggy.top_p, buggy.thinking_budget, buggy.max_tokens) == (1, 1.0, 1.0, 4096, 6144)
+    assert (buggy.n, buggy.temperature, buggy.top_p) == (1, 0.6, 1.0)
+    assert (buggy.thinking_budget, buggy.max_tokens) == (4096, 6144)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).temperature == 0.6
+    assert "default 0.6: the paper's evaluation temperature, appendix B.6" in " ".join(parser.format_help().split())
     assert (clean.thinking_budget, clean.max_tokens) == (16384, 16384 + 2048)
     with pytest.raises(ValueError, match="room for an answer"):
         EvalSettings(thinking_budget=6144, max_tokens=6144)

@@ -213,15 +213,24 @@ def test_seeds_are_deterministic_and_distinct(qwen3):
     assert len(set(ids(first))) == len(ids(first))  # the n samples of a prompt differ too
 
 
-def test_stops_end_each_row_at_its_first_stop_token(qwen3):
+class Words:
+    """A tokenizer's `decode` alone: token 7 reads `<7>`."""
+
+    @staticmethod
+    def decode(ids):
+        return "".join(f"<{int(i)}>" for i in ids)
+
+
+def test_stops_end_each_row_at_its_first_stop_token_and_leave_the_text(qwen3):
+    """The `Completion` contract too: the stop token ends `token_ids`, not `text`."""
     model, _ = qwen3
     greedy = JaxEngine(model).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12,
                                                                thinking_budget=None))
     stop_id = greedy[2][0].token_ids[4]
     for engine, params in [
-        (JaxEngine(model), SamplingParams(temperature=0.0, max_tokens=12, thinking_budget=None,
-                                          stop_token_ids=(stop_id,))),
-        (JaxEngine(model, tokens=TokenSpec(stop_ids=(stop_id,))),  # a tokenizer's own stop
+        (JaxEngine(model, Words(), tokens=TokenSpec()),
+         SamplingParams(temperature=0.0, max_tokens=12, thinking_budget=None, stop_token_ids=(stop_id,))),
+        (JaxEngine(model, Words(), tokens=TokenSpec(stop_ids=(stop_id,))),  # a tokenizer's own stop
          SamplingParams(temperature=0.0, max_tokens=12, thinking_budget=None)),
     ]:
         out = engine.generate(PROMPTS, params)
@@ -230,6 +239,7 @@ def test_stops_end_each_row_at_its_first_stop_token(qwen3):
             end = full.index(stop_id) + 1 if stop_id in full else 12
             assert list(c[0].token_ids) == full[:end]
             assert c[0].finish_reason == ("stop" if stop_id in full else "length")
+            assert c[0].text == Words.decode(full[:end - 1] if stop_id in full else full)
 
 
 def test_thinking_budget_appends_the_close_and_the_answer_continues(family):

@@ -52,7 +52,8 @@ def run(server, donor, out, mode, *extra) -> int:
 
 
 def body(prompt, max_tokens: int, task_id: str) -> dict:
-    return {"model": "fake-model", "n": 1, "temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens,
+    return {"model": "fake-model", "n": 1, "temperature": DONOR_SETTINGS.temperature, "top_p": 1.0,
+            "max_tokens": max_tokens,
             "seed": batch_seed(0, task_id), "prompt": prompt, "logprobs": 1}
 
 

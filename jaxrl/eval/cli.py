@@ -74,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl",
                           help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task)")
     protocol.add_argument("--samples", type=positive_int, default=defaults.samples, help="samples per task (K)")
-    protocol.add_argument("--temperature", type=float, default=defaults.temperature)
+    protocol.add_argument("--temperature", type=float, default=defaults.temperature,
+                          help=f"sampling temperature (default {defaults.temperature}: the paper's evaluation "
+                               "temperature, appendix B.6; training samples at 1.0)")
     protocol.add_argument("--top-p", type=float, default=defaults.top_p)
     protocol.add_argument("--top-k", type=int, default=defaults.top_k)
     protocol.add_argument("--thinking-budget", type=token_budget, default=defaults.thinking_budget,

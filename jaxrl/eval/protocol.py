@@ -1,9 +1,9 @@
 """The paper's evaluation protocol: settings, prompts per task, and the response the scorer reads.
 
-Defaults follow the paper (appendix C, Table 11): one sample per task, the
-minimal-edit prompt with thinking on, temperature 1.0 and top-p 1.0, a thinking
-budget of 4,096 tokens and 6,144 in total; clean (GT Debug) tasks get 16,384
-thinking tokens so the model has room to decide that no edit is needed.
+Defaults follow the paper: one sample per task at temperature 0.6 (appendix B.6;
+training samples at 1.0, Table 11), top-p 1.0, the minimal-edit prompt with thinking
+on, a thinking budget of 4,096 tokens and 6,144 in total (appendix C); clean (GT Debug)
+tasks get 16,384 thinking tokens so the model has room to decide that no edit is needed.
 
 Choices the paper leaves open:
 - A clean task keeps the answer room of a buggy one: its total is its thinking
@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxrl import prompts
 from jaxrl.rollout.engine import Completion, SamplingParams
+from jaxrl.sampling import Sampling
 from reward.diff import diff
 from reward.extract import answer_text, fenced_blocks, extract_program
 from reward.schema import Task
@@ -31,16 +32,20 @@ KINDS = ("single", "multi", "multi_line")
 KIND_NAMES = {"single": "single-fault", "multi": "multi-fault", "multi_line": "multi-line", "clean": "clean"}
 
 
+# The paper's evaluation temperature (appendix B.6: "one sample per task at temperature 0.6").
+EVAL_TEMPERATURE = 0.6
+
+
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(Sampling):
     """Everything that changes an evaluation's numbers (execution knobs live elsewhere).
+
+    The sampling settings (`jaxrl.sampling.Sampling`) are those of buggy tasks, at the
+    paper's evaluation temperature `EVAL_TEMPERATURE` by default.
 
     Attributes:
         prompt: `minimal`, `abstain` or `refine` (the latter needs candidates).
         samples: completions per task (K); a task's scores are averaged over them.
-        temperature, top_p, top_k: sampling (0 temperature is greedy).
-        thinking_budget: thinking tokens on buggy tasks; None for no budget.
-        max_tokens: completion tokens in total on buggy tasks.
         clean_thinking_budget: thinking tokens on clean (GT Debug) tasks.
         enable_thinking: render the chat prompt with thinking on (the paper's setting).
         seed: sampling seed; each batch of prompts derives its own from it.
@@ -49,13 +54,9 @@ class EvalSettings:
         timeout_s: wall-clock seconds of one test run for tasks without their own.
     """
 
+    temperature: float = EVAL_TEMPERATURE
     prompt: str = "minimal"
     samples: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    thinking_budget: int | None = 4096
-    max_tokens: int = 6144
     clean_thinking_budget: int | None = 16384
     enable_thinking: bool = True
     seed: int = 0
@@ -64,6 +65,7 @@ class EvalSettings:
     timeout_s: float = 5.0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.prompt not in prompts.PROMPTS:
             raise ValueError(f"unknown prompt {self.prompt!r}; choose from {', '.join(prompts.PROMPTS)}")
         if self.samples < 1:
@@ -77,16 +79,17 @@ class EvalSettings:
         if self.thinking_budget is not None and self.thinking_budget >= self.max_tokens:
             raise ValueError(f"the thinking budget ({self.thinking_budget}) must leave room for an answer "
                              f"within max_tokens ({self.max_tokens})")
-        self.params(clean=False), self.params(clean=True)  # SamplingParams validates the rest.
+        if self.clean_thinking_budget is not None and self.clean_thinking_budget < 0:
+            raise ValueError(f"clean_thinking_budget must be >= 0 or None, got {self.clean_thinking_budget}")
 
     def params(self, clean: bool, seed: int | None = None) -> SamplingParams:
         """Sampling parameters of a buggy or a clean task."""
-        budget, total = self.thinking_budget, self.max_tokens
+        params = SamplingParams.of(self, n=self.samples, seed=self.seed if seed is None else seed)
+        budget = self.thinking_budget
         if clean and budget is not None and self.clean_thinking_budget is not None:
-            budget, total = self.clean_thinking_budget, self.clean_thinking_budget + (total - budget)
-        return SamplingParams(n=self.samples, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_tokens=total, thinking_budget=budget,
-                              seed=self.seed if seed is None else seed)
+            params = dataclasses.replace(params, thinking_budget=self.clean_thinking_budget,
+                                         max_tokens=self.clean_thinking_budget + (self.max_tokens - budget))
+        return params
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -11,51 +11,37 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
+
+from jaxrl.sampling import Sampling, sampling_kwargs
 
 FinishReason = Literal["stop", "length"]
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How to sample completions (the paper's defaults).
+class SamplingParams(Sampling):
+    """One engine call's request: the sampling settings (`jaxrl.sampling.Sampling`), n and a seed.
 
     Attributes:
         n: samples per prompt (G, the group size).
-        temperature: 0 is greedy; logits are divided by it otherwise.
-        top_p: keep the smallest set of most likely tokens whose mass reaches p (1 keeps all).
-        top_k: keep the k most likely tokens (0 keeps all).
-        max_tokens: completion tokens in total, thinking and answer together.
-        thinking_budget: tokens a think block may take before the engine closes it
-            with `\\n</think>\\n\\n`; None for no budget.
         stop_token_ids: token ids that end a completion besides the tokenizer's own.
         seed: the sampling seed; the same seed gives the same samples.
     """
 
     n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 6144
-    thinking_budget: int | None = 4096
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.thinking_budget is not None and self.thinking_budget < 0:
-            raise ValueError(f"thinking_budget must be >= 0 or None, got {self.thinking_budget}")
+
+    @classmethod
+    def of(cls, sampling: Sampling, *, n: int, seed: int) -> SamplingParams:
+        """The request for `n` samples per prompt under `sampling`'s settings (any `Sampling` subclass)."""
+        return cls(**sampling_kwargs(sampling), n=n, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

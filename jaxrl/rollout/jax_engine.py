@@ -147,11 +147,11 @@ def _begin(graphdef: nnx.GraphDef, state: nnx.State, ids: Array, mask: Array, pr
     zeros = jnp.zeros((ids.shape[0],), jnp.int32)
     prompts = Rows(cache, logits, jnp.zeros((ids.shape[0], 2), jnp.uint32), zeros, zeros.astype(bool),
                    zeros.astype(bool), zeros, zeros)
+    # `count` and `think_count` stay the zeros gathered by the row-sharded `prompt_of_row`: fresh zeros
+    # would be replicated, unlike what `_segment` returns, and compile `_segment` a second time.
     rows = _take(model, prompts, prompt_of_row)
-    b = prompt_of_row.shape[0]
     force = jnp.where(in_think & (budget <= 0), 0, -1).astype(jnp.int32)
-    return dataclasses.replace(rows, keys=keys, done=~valid, in_think=in_think, force_pos=force,
-                               count=jnp.zeros((b,), jnp.int32), think_count=jnp.zeros((b,), jnp.int32))
+    return dataclasses.replace(rows, keys=keys, done=~valid, in_think=in_think, force_pos=force)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))

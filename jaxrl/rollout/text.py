@@ -71,14 +71,12 @@ def prompt_opens_think(prompt: Sequence[int], spec: TokenSpec) -> bool:
 
 
 def split_think(token_ids: Sequence[int], opened: bool, spec: TokenSpec) -> tuple[list[int] | None, list[int]]:
-    """(thinking tokens or None, answer tokens) of a completion; markers and a final stop token dropped.
+    """(thinking tokens or None, answer tokens) of a response (no stop token); the markers dropped.
 
     The think block runs from the prompt's open `<think>` (when `opened`) or from a
     sampled `<think>`, to the first `</think>`; an unclosed block is all thinking.
     """
     ids = list(token_ids)
-    if ids and ids[-1] in spec.stop_ids:
-        ids = ids[:-1]
     if spec.think_open is None:
         return None, ids
     if opened:
@@ -103,13 +101,15 @@ def make_completion(token_ids: Sequence[int], logprobs: Sequence[float], forced:
     Qwen chat templates do when they split an assistant turn.
     """
     decode = decode or (lambda ids: "")
-    thinking_ids, answer_ids = split_think(token_ids, opened, spec)
-    # The stop token ends the turn; it is not part of the response (SGLang and OpenAI servers leave it
-    # out of their text too). Kept, `<|im_end|>` right after a closing fence would unclose the code block.
+    # The one place the stop token leaves the response: it ends the turn and is not part of it (SGLang
+    # and OpenAI servers leave it out of their text too). Kept, `<|im_end|>` right after a closing fence
+    # would unclose the code block.
     stopped = finish_reason == "stop" and len(token_ids) > 0 and token_ids[-1] in spec.stop_ids
+    response = list(token_ids[:-1] if stopped else token_ids)
+    thinking_ids, answer_ids = split_think(response, opened, spec)
     return Completion(
         token_ids=tuple(int(t) for t in token_ids), logprobs=tuple(float(x) for x in logprobs),
-        finish_reason=finish_reason, text=decode(token_ids[:-1] if stopped else token_ids),
+        finish_reason=finish_reason, text=decode(response),
         thinking=None if thinking_ids is None else decode(thinking_ids).strip("\n"),
         answer=decode(answer_ids).lstrip("\n"), forced=tuple(bool(f) for f in forced), budget_hit=any(forced))
 
