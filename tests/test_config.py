@@ -8,7 +8,7 @@ import yaml
 from jaxrl import config as C
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP = {".venv", "runs", ".git", "node_modules"}
+SKIP = {".venv", ".venv-sglang-jax", "runs", ".git", "node_modules"}
 
 
 def _repo_yamls():
