@@ -113,6 +113,7 @@ def test_the_base_evaluation_writes_thinking_that_analyze_thinking_reads(tmp_pat
     assert traced > 0  # an untrained policy may close the block at once; most do not
     summary = json.loads((tmp_path / "eval" / "base" / "sampled" / "summary.json").read_text())
     assert summary["settings"]["enable_thinking"] and summary["settings"]["thinking_budget"] == 64
+    assert summary["model"]["name"] == "base"  # the run's name in `analyze thinking` and `transfer compare`
     write_tasks(tmp_path / "heldout.jsonl", held_out)
     capsys.readouterr()
     assert cli.main(["analyze", "thinking", str(tmp_path / "eval" / "base" / "sampled"), "--tasks",

@@ -175,7 +175,7 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
             settings = EvalSettings(prompt=prompt.PROMPT, samples=samples if temperature else 1,
                                     temperature=temperature, clean_thinking_budget=budgets["thinking_budget"],
                                     enable_thinking=cfg.thinking, seed=seed, **budgets)
-            result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.parent.name},
+            result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.name},
                               task_set="demo held-out", out_dir=out / name, batch_size=len(tasks),
                               progress=progress)
             results[name] = result
