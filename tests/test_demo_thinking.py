@@ -127,13 +127,14 @@ def test_the_base_evaluation_writes_thinking_that_analyze_thinking_reads(tmp_pat
 @pytest.mark.slow
 def test_the_thinking_smoke_demo_writes_traces_for_every_policy_and_transfer_reads_them(tmp_path):
     """`precisecoder demo --smoke --thinking`, then `transfer` of PreciseCoder's traces into the GRPO checkpoint
-    (about 2 min at load 12 on 2 cores)."""
+    (about 2 min at load 12, 4.7 min at load 32 on 2 cores)."""
     out = tmp_path / "demo"
     assert cli.main(["demo", "--smoke", "--thinking", "--out", str(out), "--no-progress"]) == 0
     for method in ("base", "grpo", "precisecoder"):
         records = [json.loads(line) for line in (out / "seed0" / "eval" / method / "sampled" /
                                                  "predictions.jsonl").open()]
-        assert len(records) == thinking.EVAL_SAMPLES * 12 and all(r["thinking"] for r in records)
+        assert len(records) == thinking.EVAL_SAMPLES * 12 and all(r["think_opened"] for r in records)
+        assert any(r["thinking"] for r in records)  # a 4-step policy sometimes closes the block at once
     assert cli.main(["transfer", "--donor", str(out / "seed0" / "eval" / "precisecoder" / "sampled"),
                      "--checkpoint", str(out / "seed0" / "rl" / "grpo"), "--mode", "at-once",
                      "--tasks", str(out / "seed0" / "data" / "test.jsonl"), "--out", str(tmp_path / "t"),
