@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl", type=float, default=d.kl_coef,
                         help=f"weight of the KL term to the base policy (default: {d.kl_coef})")
     parser.add_argument("--lr", type=float, default=d.learning_rate, help=f"RL learning rate (default: {d.learning_rate})")
+    parser.add_argument("--thinking", action="store_true",
+                        help="the thinking variant: SFT targets think before the code and rollouts and evaluations "
+                             "have a thinking budget, so the eval runs hold traces for `transfer` and `analyze`")
     parser.add_argument("--smoke", "--small", dest="smoke", action="store_true",
                         help="a smoke run in under a minute: few tasks, a 1-layer model, "
                              f"{SMOKE_SFT_STEPS} SFT and {SMOKE_STEPS} RL steps (checks the pipeline, learns nothing)")
@@ -75,11 +78,11 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
     rl_steps, sft_steps = steps_of(args)
     sft = dataclasses.replace(d.sft, steps=sft_steps, warmup_steps=min(d.sft.warmup_steps, sft_steps - 1))
     cfg = dict(seeds=args.seeds, methods=METHODS + tuple(dict.fromkeys(args.extra)), rl_steps=rl_steps,
-               sft=sft, kl_coef=args.kl, learning_rate=args.lr)
+               sft=sft, kl_coef=args.kl, learning_rate=args.lr, thinking=args.thinking)
     if args.smoke:
         cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, hidden=32, layers=1, heads=2,
                    tasks_per_step=2, group_size=2,
-                   sft=SFTConfig(steps=min(sft_steps, SMOKE_SFT_STEPS), batch_size=8, warmup_steps=1))
+                   sft=SFTConfig(steps=sft_steps, batch_size=8, warmup_steps=1))
     return DemoConfig(**cfg)
 
 

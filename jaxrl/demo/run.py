@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl.demo import domain, prompt
+from jaxrl.demo import thinking as demo_thinking
 from jaxrl.demo import report as rep
 from jaxrl.demo.sft import SFTConfig
 
@@ -49,6 +50,8 @@ class DemoConfig:
         learning_rate: RL learning rate (constant, AdamW).
         kl_coef: weight of the KL term to the base policy (0 turns it off).
         max_tokens: completion budget; an answer takes about 60 tokens (73 at most).
+        thinking: the thinking variant (`jaxrl.demo.thinking`): SFT targets think first, and
+            rollouts and evaluations get a thinking budget on top of `max_tokens`.
     """
 
     seeds: int = 1
@@ -68,6 +71,7 @@ class DemoConfig:
     learning_rate: float = 3e-4
     kl_coef: float = 0.0
     max_tokens: int = 80
+    thinking: bool = False
 
     def __post_init__(self):
         known = METHODS + OPTIONAL_METHODS
@@ -109,11 +113,10 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     import models
     from jaxrl.demo import sft
     from jaxrl.demo.policy import new_policy, policy_config
-    from jaxrl.demo.tokenizer import load_demo_tokenizer
     from tqdm import tqdm
 
-    tok = load_demo_tokenizer()
-    pairs, shares = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed, cfg.sft.miss_share)
+    tok = demo_thinking.tokenizer(cfg.thinking)
+    pairs, shares = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed, cfg.sft.miss_share, cfg.thinking)
     tokens, mask = sft.encode_pairs(tok, pairs)
     model = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), seed)
     bar = tqdm(total=cfg.sft.steps, desc=f"seed {seed} SFT", unit="step", disable=not progress, dynamic_ncols=True)
@@ -145,7 +148,7 @@ def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, o
         "data": {"train": str(data / "train.jsonl"), "tasks_per_step": cfg.tasks_per_step, "prompt": prompt.PROMPT,
                  "seed": seed, "prompt_multiple": 8},
         "rollout": {"engine": "jax", "group_size": cfg.group_size, "temperature": 1.0, "top_p": 1.0,
-                    "max_tokens": cfg.max_tokens, "thinking_budget": None},
+                    **demo_thinking.budgets(cfg.max_tokens, cfg.thinking)},
         "algorithm": {"name": method},
         "loss": {"kl_coef": cfg.kl_coef, "logp_chunk": 256},
         "optimizer": {"learning_rate": cfg.learning_rate, "weight_decay": 0.0},
@@ -160,19 +163,19 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
                     progress: bool, samples: int = 1,
                     decodings: dict[str, float] = DECODINGS) -> dict[str, Any]:
     """`jaxrl.eval.evaluate` of one policy on held-out tasks: each decoding's (name: temperature) result."""
-    from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.eval.evaluate import evaluate
     from jaxrl.eval.protocol import EvalSettings
     from jaxrl.rollout import make_engine
 
-    tok = load_demo_tokenizer()
+    tok = demo_thinking.tokenizer(cfg.thinking)
+    budgets = demo_thinking.budgets(cfg.max_tokens, cfg.thinking)
     results = {}
     with make_engine("jax", model=model, tokenizer=tok) as engine:
         for name, temperature in decodings.items():
-            settings = EvalSettings(prompt=prompt.PROMPT, samples=samples, temperature=temperature,
-                                    thinking_budget=None, max_tokens=cfg.max_tokens, clean_thinking_budget=None,
-                                    enable_thinking=False, seed=seed)
-            result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.parent.name},
+            settings = EvalSettings(prompt=prompt.PROMPT, samples=samples if temperature else 1,
+                                    temperature=temperature, clean_thinking_budget=budgets["thinking_budget"],
+                                    enable_thinking=cfg.thinking, seed=seed, **budgets)
+            result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.name},
                               task_set="demo held-out", out_dir=out / name, batch_size=len(tasks),
                               progress=progress)
             results[name] = result
@@ -191,7 +194,6 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         "coupling": {method: rep.coupling(...)}, "sft": {...}}`.
     """
     import models
-    from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
     from jaxrl.preflight import has_checkpoint
     from jaxrl.saved_run import load_policy
@@ -220,7 +222,8 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
     curves: dict[str, list[dict[str, float]]] = {}
     t = time.perf_counter()
     base = models.from_pretrained(base_dir)
-    evals = evaluate_policy(base, cfg, seed, held_out, fleet, out / "eval" / "base", progress)
+    samples = demo_thinking.EVAL_SAMPLES if cfg.thinking else 1
+    evals = evaluate_policy(base, cfg, seed, held_out, fleet, out / "eval" / "base", progress, samples)
     rows["base"] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
     couplings = {"base": rep.coupling(evals["sampled"].scores)}
     timing["eval_base_s"] = time.perf_counter() - t
@@ -235,12 +238,12 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         else:
             log(f"[seed {seed}] RL {method}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
                 f"G = {cfg.group_size}")
-            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=load_demo_tokenizer())
+            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=demo_thinking.tokenizer(cfg.thinking))
         timing[f"rl_{method}_s"] = time.perf_counter() - t
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
         policy, _, step = load_policy(run_dir)  # on the trainer's mesh: fsdp over every device
-        evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress)
+        evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress, samples)
         rows[method] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
         couplings[method] = rep.coupling(evals["sampled"].scores)
         timing[f"eval_{method}_s"] = time.perf_counter() - t

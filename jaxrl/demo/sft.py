@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl import losses
 from jaxrl.demo import domain, prompt
+from jaxrl.demo import thinking as demo_thinking
 from jaxrl.demo.tokenizer import DemoTokenizer
 from jaxrl.train_step import OptimizerConfig, make_optimizer
 from models import sharding as msh
@@ -77,19 +78,24 @@ def encode_pairs(tokenizer: DemoTokenizer, pairs: Sequence[tuple[list[dict[str, 
     return tokens, mask
 
 
-def sft_pairs(samples: Sequence[domain.Sample], rewrite_share: float, seed: int, miss_share: float = 0.0
-              ) -> tuple[list[tuple[list[dict[str, str]], str]], dict[str, float]]:
+def sft_pairs(samples: Sequence[domain.Sample], rewrite_share: float, seed: int, miss_share: float = 0.0,
+              thinking: bool = False) -> tuple[list[tuple[list[dict[str, str]], str]], dict[str, float]]:
     """The (messages, answer) pairs of `samples`, and the shares of targets by kind.
 
     Shares: "overedit" (rewrites that differ from the minimal fix), "rewrite", "fix", "miss".
+    With `thinking`, each answer follows a think block about its kind (`jaxrl.demo.thinking`),
+    drawn from its own random stream, so the targets are those of the variant without.
     """
     rng = random.Random(f"sft-targets:{seed}")
+    think_rng = random.Random(f"sft-thinking:{seed}")
     pairs, counts = [], {"overedit": 0, "rewrite": 0, "fix": 0, "miss": 0}
     for s in samples:
         target, kind = domain.sft_target(rng, s, rewrite_share, miss_share)
         counts[kind] += 1
         counts["overedit"] += kind == "rewrite" and target != s.task.solution
-        pairs.append((prompt.task_messages(s.task), prompt.answer(target)))
+        answer = prompt.answer(target)
+        pairs.append((prompt.task_messages(s.task),
+                      demo_thinking.completion(think_rng, s, kind, answer) if thinking else answer))
     return pairs, {k: v / max(len(samples), 1) for k, v in counts.items()}
 
 

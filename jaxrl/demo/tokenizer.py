@@ -9,10 +9,11 @@ character outside that set encodes as `<|unk|>`.
 It offers what the rollout engine, the trainer and the evaluation use of
 `models.tokenizer.QwenTokenizer`: the same special tokens and ids attributes
 (`eos_id`, `pad_id`, `stop_ids`, `think_id`, ...), `encode` / `encode_batch` /
-`decode`, and `render_chat` in Qwen3's chat format. The demo policy never
-thinks: its generation prompt always closes an empty think block (Qwen3's
+`decode`, and `render_chat` in Qwen3's chat format. The demo policy does not
+think: its generation prompt always closes an empty think block (Qwen3's
 thinking-off prompt), whatever `enable_thinking` says, so training,
-evaluation and SFT see the same prompt.
+evaluation and SFT see the same prompt. The thinking variant's tokenizer
+(`thinking=True`, `jaxrl.demo.thinking`) leaves the block open instead.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from models.tokenizer import THINK_EMPTY, THINK_OPEN
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|unk|>")
 # Special tokens that stay in text decoded with skip_special (as in QwenTokenizer).
 TEXT_LIKE = frozenset({"<think>", "</think>"})
+VOCAB_FILE = "demo_vocab.json"
 _WORDS = ("```python", "```", "\n\n", "    ", "def", "return", "user", "assistant", "system", "):", "is",
           "plus", "minus", "times", "=", "+", "-", "*", "f", "  #",
           *domain.COMMENTED_PROMPT.split(), *domain.ARGS, *domain.NAMES, *domain.DIGITS)
@@ -60,12 +62,14 @@ class DemoTokenizer:
       endoftext_id, pad_id: <|endoftext|> (id 0), also the padding id.
       im_start_id, im_end_id, think_id, think_end_id, unk_id: ids of those special tokens.
       stop_ids: ids that end a sampled completion.
+      thinking: the generation prompt opens `<think>` when `enable_thinking` (the thinking variant).
     """
 
     family = "qwen3"
 
-    def __init__(self, vocab: Sequence[str] | None = None):
+    def __init__(self, vocab: Sequence[str] | None = None, thinking: bool = False):
         self.vocab = tuple(vocab) if vocab is not None else default_vocab()
+        self.thinking = thinking
         if len(set(self.vocab)) != len(self.vocab):
             raise ValueError("vocabulary has duplicate tokens")
         missing = [s for s in SPECIALS if s not in self.vocab]
@@ -120,9 +124,9 @@ class DemoTokenizer:
 
         The generation prompt is `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n` (an
         empty, closed think block) whatever `enable_thinking` says: the demo policy
-        answers at once. `prefill` starts the answer. Assistant turns keep no thinking.
+        answers at once. A `thinking` tokenizer with `enable_thinking` ends it with
+        `<think>\\n` instead, left open. `prefill` follows. Assistant turns keep no thinking.
         """
-        del enable_thinking  # the demo policy has no thinking mode
         if prefill is not None and not add_generation_prompt:
             raise ValueError("prefill continues the generation prompt; set add_generation_prompt=True")
         out = []
@@ -135,18 +139,22 @@ class DemoTokenizer:
                 content = content.split("</think>")[-1].lstrip("\n")
             out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         if add_generation_prompt:
-            out.append("<|im_start|>assistant\n" + THINK_EMPTY + (prefill or ""))
+            opening = THINK_OPEN if self.thinking and enable_thinking else THINK_EMPTY
+            out.append("<|im_start|>assistant\n" + opening + (prefill or ""))
         return "".join(out)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Writes `demo_vocab.json` (the token strings in id order); `from_pretrained` reads it."""
+        """Writes `demo_vocab.json` (the token strings in id order; for a thinking tokenizer
+        `{"vocab": [...], "thinking": true}`); `from_pretrained` reads it."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "demo_vocab.json").write_text(json.dumps(list(self.vocab), ensure_ascii=False) + "\n")
+        saved = {"vocab": list(self.vocab), "thinking": True} if self.thinking else list(self.vocab)
+        (directory / VOCAB_FILE).write_text(json.dumps(saved, ensure_ascii=False) + "\n")
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> DemoTokenizer:
-        return cls(json.loads((Path(directory) / "demo_vocab.json").read_text()))
+        saved = json.loads((Path(directory) / VOCAB_FILE).read_text())
+        return cls(saved["vocab"], thinking=saved["thinking"]) if isinstance(saved, dict) else cls(saved)
 
 
 @functools.cache

@@ -23,8 +23,19 @@ class SourceError(ValueError):
     """A model source that cannot be opened (one error line, exit code 2)."""
 
 
+def saved_demo_tokenizer(path: Path) -> Any | None:
+    """The tokenizer `precisecoder demo` saved beside its policy (`demo_vocab.json`), or None."""
+    from jaxrl.demo.tokenizer import VOCAB_FILE, DemoTokenizer  # noqa: PLC0415
+
+    return DemoTokenizer.from_pretrained(path) if (path / VOCAB_FILE).is_file() else None
+
+
 def tokenizer_of_model_dir(path: Path) -> QwenTokenizer:
-    """The Qwen tokenizer of an HF model directory, by its config.json `model_type`."""
+    """The tokenizer of an HF model directory: the demo's own if it saved one, else the Qwen
+    tokenizer of its config.json `model_type`."""
+    demo = saved_demo_tokenizer(path)
+    if demo is not None:
+        return demo
     config = path / "config.json"
     try:
         model_type = json.loads(config.read_text(encoding="utf-8"))["model_type"]
@@ -62,7 +73,8 @@ def open_checkpoint(directory: str, dtype: str | None = None) -> tuple[Engine, Q
         model, cfg, step = load_policy(directory, dtype=dtype, mesh=mesh)
     except TrainError as e:
         raise SourceError(f"--checkpoint {e}") from None
-    tokenizer = load_tokenizer(cfg.model.family)
+    start = cfg.model.checkpoint  # a demo run starts from a base saved with its own tokenizer
+    tokenizer = (start and saved_demo_tokenizer(Path(start))) or load_tokenizer(cfg.model.family)
     engine = make_engine("jax", model=model, tokenizer=tokenizer, mesh=mesh,
                          rules=msh.rules_from_mapping(cfg.mesh.rules))
     return engine, tokenizer, {"name": f"{cfg.name}@{step}", "engine": "jax", "checkpoint": str(directory),
