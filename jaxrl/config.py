@@ -510,11 +510,11 @@ class SupervisedConfig:
 
     def __post_init__(self):
         if self.objective not in ("sft", "dpo"):
-            raise ValueError(f"supervised.objective must be sft or dpo, got {self.objective!r}")
+            raise ValueError(f"objective must be sft or dpo, got {self.objective!r}")
         if self.epochs < 1 or self.batch_size < 1 or (self.steps is not None and self.steps < 1):
-            raise ValueError("supervised.epochs, batch_size and steps must be >= 1")
+            raise ValueError("epochs, batch_size and steps must be >= 1")
         if not (math.isfinite(self.beta) and self.beta > 0):
-            raise ValueError(f"supervised.beta must be > 0, got {self.beta}")
+            raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
 
@@ -567,6 +567,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(f"{key}: may not be null")
+        arms = [arm for arm in args if arm is not type(None)]
+        if len(arms) == 1:  # an optional value: its own type's error says what is wrong
+            return _coerce(arms[0], value, key)
         errors = []
         for arm in args:
             if arm is type(None):

@@ -37,7 +37,7 @@ def test_demo_with_parses_baselines_and_refuses_unknown_names():
         config_of(parser.parse_args(["--smoke", "--with", "sft"]))
 
 
-@pytest.mark.slow  # 1 to 2 min on 2 busy cores: a 4-step refiner run and two evaluations of a 1-layer policy
+@pytest.mark.slow  # 8 min at load 28 on 2 cores: a pool scored on the fleet, a short refiner run, two evaluations
 def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     cfg = run.DemoConfig(sft_tasks=4, train_tasks=8, test_tasks=4, clean_tasks=2, hidden=32, layers=1, heads=2,
                          baselines=("recap",), baseline=B.BaselineConfig(batch_size=4, recap_epochs=2))
