@@ -116,3 +116,20 @@ def test_each_tiny_config_trains_two_steps(name, rows, tmp_path, capsys):
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["supervised"]["objective"] == objective and saved["supervised"]["rows"] == str(rows / f"{name}.jsonl")
     assert (out / "checkpoints" / "2").is_dir()
+
+
+def test_eval_refiner_usage(tmp_path, capsys):
+    """`eval --refiner RUN` is `--checkpoint RUN --prompt refine`: what clashes is one line, exit 2."""
+    from jaxrl.cli import main
+    from jaxrl.eval.cli import candidates_file
+
+    common = ["eval", "--tasks", str(EXAMPLES), "--out", str(tmp_path / "out"), "--refiner", str(tmp_path / "run")]
+    for extra, message in [([], "--refiner needs --candidates"),
+                           (["--candidates", str(tmp_path), "--prompt", "abstain"], "drop --prompt and --agent"),
+                           (["--candidates", str(tmp_path), "--model", str(tmp_path)], "drop --model, --checkpoint"),
+                           (["--candidates", str(tmp_path)], "predictions.jsonl")]:
+        assert main([*common, *extra]) == 2, extra
+        assert message in capsys.readouterr().err.strip().splitlines()[-1], extra
+    (tmp_path / "c.jsonl").write_text("")
+    assert candidates_file(str(tmp_path)) == tmp_path / "predictions.jsonl"
+    assert candidates_file(str(tmp_path / "c.jsonl")) == tmp_path / "c.jsonl"
