@@ -108,7 +108,7 @@ def test_dpo_first_loss_is_log_two_and_reference_is_stored(rows, tmp_path):
     assert history[1]["dpo/margin"] > 0 and history[1]["dpo/loss"] < history[0]["dpo/loss"]
 
 
-@pytest.mark.slow  # 2 to 4 min: two runs compile the step
+@pytest.mark.slow  # two runs compile the step: minutes (with the tiny-config tests 20 min at load 25 to 56)
 def test_dpo_resumes_exactly_with_the_stored_reference(rows, tmp_path):
     """The trainer is shared (SFT, the refiner's SFT on recap rows, DPO): what DPO adds to a resume is
     the reference log-probs, read back from pairs.jsonl instead of recomputed with the trained policy."""
