@@ -89,6 +89,12 @@ def _recall(score: Score, task: Task) -> float:
     return score.recall or 0.0
 
 
+@register_term("unit_precision")
+def _unit_precision(score: Score, task: Task) -> float:
+    """unit × precision: edit precision earned only when the tests pass (Table 3's product reward)."""
+    return float(score.unit) * (score.precision or 0.0)
+
+
 @register_term("gated_recall")
 def _gated_recall(score: Score, task: Task) -> float:
     """Recall counted only when the tests pass (a fix that touches the fault but fails earns nothing)."""
@@ -180,6 +186,13 @@ for _alg in (
     Algorithm("grpo_f1sum", ("unit", "f1"), lam_weights, "grpo", "GRPO on r_λ = (1 − λ)·unit + λ·f1"),
     Algorithm("grpo_clean_rows", ("unit", "edited_lines", "is_clean"), unit_weights(3), "grpo_clean_rows",
               "GRPO on unit, plus fewer edited lines on clean rows"),
+    # The reward ablations of the paper's Table 3: PreciseCoder's estimator, other terms.
+    Algorithm("unit_plus_precision", ("unit", "precision"), lam_weights, "gdpo",
+              "GDPO over [unit, precision], weights [1 − λ, λ] (precision added to unit)"),
+    Algorithm("precision_only", ("precision",), unit_weights(1), "gdpo", "GDPO on precision alone"),
+    Algorithm("recall_only", ("recall",), unit_weights(1), "gdpo", "GDPO on recall alone"),
+    Algorithm("unit_x_precision", ("unit_precision",), unit_weights(1), "gdpo", "GDPO on unit × precision"),
+    Algorithm("f1_only", ("f1",), unit_weights(1), "gdpo", "GDPO on F1 alone"),
 ):
     register_algorithm(_alg)
 

@@ -1,9 +1,9 @@
 """The run configuration: frozen typed dataclasses per concern, loaded from YAML.
 
 A run is described by one `Config` (model, data, rollout, reward, algorithm, loss,
-optimizer, mesh, validation, run). It is read from a YAML file, named (a file in
-`jaxrl/configs/` or the repository's `tpu_configs/`) or given by path, then
-`--set a.b=value` overrides are applied:
+optimizer, mesh, validation, run; `supervised` for a supervised baseline). It is read
+from a YAML file, named (a file in `jaxrl/configs/` or the repository's `tpu_configs/`)
+or given by path, then `--set a.b=value` overrides are applied:
 
     cfg = load_config("tiny", overrides=["run.steps=10", "rollout.group_size=4"])
 
@@ -22,6 +22,7 @@ Every key is documented in docs/trainer.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -491,6 +492,45 @@ class RunConfig:
             raise ValueError("run.eval_every and run.save_every must be >= 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class SupervisedConfig:
+    """A supervised baseline's objective and data (`precisecoder supervised`; jaxrl/supervised.py).
+
+    The paper's settings are the named configs `rs_sft` (2 epochs, lr 5e-6), `dpo`
+    (1 epoch, β = 0.1, lr 5e-7) and `recap_refiner` (6 epochs); the learning rate is
+    `optimizer.learning_rate`.
+
+    Attributes:
+        objective: `sft` (token-level NLL on the response) or `dpo` (sigmoid loss).
+        rows: the selected rows (JSONL; `precisecoder supervised --rows` gives it).
+        tasks: the task JSONL the rows' `task_id`s name (their prompts); rows with
+            `messages` need none.
+        epochs: passes over the rows.
+        batch_size: rows (DPO: pairs) per step.
+        beta: DPO's β.
+        steps: stop after this step (None: epochs × ⌊rows / batch_size⌋); a resumed run continues.
+        seed: the data order.
+    """
+
+    objective: Literal["sft", "dpo"]
+    rows: str | None = None
+    tasks: str | None = None
+    epochs: int = 1
+    batch_size: int = 8
+    beta: float = 0.1
+    steps: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.objective not in ("sft", "dpo"):
+            raise ValueError(f"objective must be sft or dpo, got {self.objective!r}")
+        if self.epochs < 1 or self.batch_size < 1 or (self.steps is not None and self.steps < 1):
+            raise ValueError("epochs, batch_size and steps must be >= 1")
+        if not (math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     """One training run, every setting in one place; `model` and `data` have no defaults."""
@@ -507,6 +547,7 @@ class Config:
     validation: ValidationConfig = ValidationConfig()
     run: RunConfig = RunConfig()
     hardware: HardwareConfig | None = None
+    supervised: SupervisedConfig | None = None
 
     def __post_init__(self):
         a = self.algorithm
@@ -539,6 +580,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(f"{key}: may not be null")
+        arms = [arm for arm in args if arm is not type(None)]
+        if len(arms) == 1:  # an optional value: its own type's error says what is wrong
+            return _coerce(arms[0], value, key)
         errors = []
         for arm in args:
             if arm is type(None):

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
@@ -44,7 +43,7 @@ from jaxrl import tasks as T
 from jaxrl import train_step as ts
 from jaxrl.batching import pad_length
 from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
-from jaxrl.config import Config, to_yaml
+from jaxrl.config import Config, SupervisedConfig, to_yaml
 from jaxrl.losses import chunked_logprobs
 from jaxrl.sft_losses import dpo_loss, sequence_logprobs, sft_loss
 from models import sharding as msh
@@ -57,41 +56,6 @@ CLOSE_THINK = "\n</think>\n\n"
 
 class SupervisedError(RuntimeError):
     """A run that cannot start or continue; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SupervisedConfig:
-    """What the supervised run trains on and how (the paper: SFT 2 epochs at 5e-6; DPO 1 epoch,
-    β = 0.1, 5e-7; the refiner 6 epochs; the learning rate is `cfg.optimizer`'s).
-
-    Attributes:
-        objective: `sft` (token-level NLL on the response) or `dpo` (sigmoid loss).
-        rows: the selected rows (JSONL).
-        tasks: the task JSONL the rows' `task_id`s name (their prompts); rows with
-            `messages` need none.
-        epochs: passes over the rows.
-        batch_size: rows (DPO: pairs) per step.
-        beta: DPO's β.
-        steps: stop after this step (None: epochs × ⌊rows / batch_size⌋); a resumed run continues.
-        seed: the data order.
-    """
-
-    objective: Literal["sft", "dpo"]
-    rows: str
-    tasks: str | None = None
-    epochs: int = 1
-    batch_size: int = 8
-    beta: float = 0.1
-    steps: int | None = None
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.objective not in ("sft", "dpo"):
-            raise ValueError(f"objective must be sft or dpo, got {self.objective!r}")
-        if self.epochs < 1 or self.batch_size < 1 or (self.steps is not None and self.steps < 1):
-            raise ValueError("epochs, batch_size and steps must be >= 1")
-        if not (math.isfinite(self.beta) and self.beta > 0):
-            raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
 # ---------------------------------------------------------------------------- rows
@@ -217,7 +181,9 @@ def _row_sharding(mesh: jax.sharding.Mesh, rules: tuple, shape: tuple[int, ...])
 
 def _write_or_check(out: Path, cfg: Config, sup: SupervisedConfig, resume: bool) -> None:
     saved = out / SUPERVISED
-    record = {"objective": dataclasses.asdict(sup), "config": yaml.safe_load(to_yaml(cfg))}
+    base = yaml.safe_load(to_yaml(cfg))
+    base.pop("supervised")  # compared as the objective, where a larger steps is allowed
+    record = {"objective": dataclasses.asdict(sup), "config": base}
     if resume and saved.is_file():
         previous = yaml.safe_load(saved.read_text())
         changed = [k for k in sorted(set(previous["objective"]) | set(record["objective"]))
@@ -236,11 +202,14 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
                      tokenizer: Any = None) -> list[dict[str, float]]:
     """Train (or resume) the policy of `cfg.model` on `sup`'s rows; returns this call's step metrics.
 
-    `tokenizer` replaces the Qwen tokenizer of `cfg.model.family`.
+    The run's config.yaml is `cfg` with `sup` as its `supervised` section. `tokenizer` replaces the Qwen tokenizer of `cfg.model.family`.
     """
     from jaxrl.saved_run import build_model
     from models.tokenizer import load_tokenizer
 
+    if sup.rows is None:
+        raise SupervisedError("no rows: give --rows (supervised.rows), the output of `precisecoder select`")
+    cfg = dataclasses.replace(cfg, supervised=sup)
     out = Path(cfg.run.out).expanduser()
     _write_or_check(out, cfg, sup, resume)
     tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer

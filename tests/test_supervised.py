@@ -108,6 +108,20 @@ def test_dpo_first_loss_is_log_two_and_reference_is_stored(rows, tmp_path):
     assert history[1]["dpo/margin"] > 0 and history[1]["dpo/loss"] < history[0]["dpo/loss"]
 
 
+@pytest.mark.slow  # two runs compile the step: minutes (with the tiny-config tests 20 min at load 25 to 56)
+def test_dpo_resumes_exactly_with_the_stored_reference(rows, tmp_path):
+    """The trainer is shared (SFT, the refiner's SFT on recap rows, DPO): what DPO adds to a resume is
+    the reference log-probs, read back from pairs.jsonl instead of recomputed with the trained policy."""
+    sup = SupervisedConfig("dpo", str(rows / "dpo.jsonl"), tasks=str(EXAMPLES), epochs=2, batch_size=2, beta=0.1)
+    train_supervised(config(tmp_path / "whole"), sup)
+    part = tmp_path / "part"
+    train_supervised(config(part), dataclasses.replace(sup, steps=1))
+    stored = (part / "pairs.jsonl").read_text()
+    train_supervised(config(part), sup, resume=True)
+    assert (part / "pairs.jsonl").read_text() == stored == (tmp_path / "whole" / "pairs.jsonl").read_text()
+    assert metrics(part) == metrics(tmp_path / "whole") and len(metrics(part)) == 4
+
+
 def test_bad_rows_are_one_line_errors(rows, tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "nope", "text": "x"}) + "\n")
     with pytest.raises(SupervisedError, match="bad.jsonl:1: task 'nope' is not in the tasks file"):

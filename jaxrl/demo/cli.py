@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from reward.cli_args import user_path
+from jaxrl.demo.baselines import BASELINES
 from jaxrl.demo.run import METHODS, OPTIONAL_METHODS, DemoConfig, check_resume
 
 # RL and SFT steps of `--smoke` unless given.
@@ -28,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"RL steps per method (default: {d.rl_steps}; {SMOKE_STEPS} with --smoke)")
     parser.add_argument("--sft-steps", type=int,
                         help=f"SFT steps of the base (default: {d.sft.steps}; {SMOKE_SFT_STEPS} with --smoke)")
-    parser.add_argument("--with", dest="extra", action="append", default=[], choices=OPTIONAL_METHODS,
-                        help="also train this method (repeatable): grpo_f1sum (GRPO on r_λ), ea_grpo")
+    parser.add_argument("--with", dest="extra", action="append", default=[], metavar="METHOD[,METHOD...]",
+                        help="also train these (repeatable, comma-separated): the RL methods grpo_f1sum (GRPO on "
+                             "r_λ) and ea_grpo; the supervised baselines rs_sft, dpo and recap (from the same base)")
     parser.add_argument("--kl", type=float, default=d.kl_coef,
                         help=f"weight of the KL term to the base policy (default: {d.kl_coef})")
     parser.add_argument("--lr", type=float, default=d.learning_rate, help=f"RL learning rate (default: {d.learning_rate})")
@@ -77,7 +79,12 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
     d = DemoConfig()
     rl_steps, sft_steps = steps_of(args)
     sft = dataclasses.replace(d.sft, steps=sft_steps, warmup_steps=min(d.sft.warmup_steps, sft_steps - 1))
-    cfg = dict(seeds=args.seeds, methods=METHODS + tuple(dict.fromkeys(args.extra)), rl_steps=rl_steps,
+    extra = tuple(dict.fromkeys(name for value in args.extra for name in value.split(",") if name))
+    unknown = [name for name in extra if name not in OPTIONAL_METHODS + BASELINES]
+    if unknown:
+        raise ValueError(f"--with {unknown[0]}: choose from {', '.join(OPTIONAL_METHODS + BASELINES)}")
+    cfg = dict(seeds=args.seeds, methods=METHODS + tuple(n for n in extra if n in OPTIONAL_METHODS),
+               baselines=tuple(n for n in extra if n in BASELINES), rl_steps=rl_steps,
                sft=sft, kl_coef=args.kl, learning_rate=args.lr, thinking=args.thinking)
     if args.smoke:
         cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, hidden=32, layers=1, heads=2,

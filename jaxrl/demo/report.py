@@ -20,7 +20,8 @@ HISTORY = ("How this setting was chosen: the domain, the SFT recipe and the RL r
            "(\"How the setting was chosen\"). The target below was fixed before any run.")
 COLUMNS = ("pass", "precision", "recall", "lines", "noop", "damage")
 NAMES = {"base": "SFT base", "grpo": "GRPO (unit tests only)", "precisecoder": "PreciseCoder (GDPO, λ = 1/3)",
-         "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO"}
+         "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO", "rs_sft": "Rejection-sampling SFT",
+         "dpo": "DPO", "recap": "RECAP (refines the base's answer)"}
 
 
 def row_of(summary: Mapping[str, Any], seed: int) -> dict[str, Any]:

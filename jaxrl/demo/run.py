@@ -24,6 +24,7 @@ from typing import Any
 from jaxrl.demo import domain, prompt
 from jaxrl.demo import thinking as demo_thinking
 from jaxrl.demo import report as rep
+from jaxrl.demo.baselines import BASELINES, BaselineConfig
 from jaxrl.demo.sft import SFTConfig
 
 METHODS = ("grpo", "precisecoder")
@@ -41,6 +42,8 @@ class DemoConfig:
     Attributes:
         seeds: seeds 0 .. seeds − 1, each with its own tasks, base policy and RL runs.
         methods: RL algorithms (names of `jaxrl.algorithms.algorithm_names()`), each from the same base.
+        baselines: supervised baselines from the same base (`jaxrl.demo.baselines.BASELINES`), off by default.
+        baseline: their settings.
         domain: the generator's sizes and probabilities.
         sft_tasks, train_tasks, test_tasks, clean_tasks: task counts of the four disjoint sets.
         hidden, layers, heads: the policy's shape (`jaxrl.demo.policy`).
@@ -56,6 +59,8 @@ class DemoConfig:
 
     seeds: int = 1
     methods: tuple[str, ...] = METHODS
+    baselines: tuple[str, ...] = ()
+    baseline: BaselineConfig = BaselineConfig()
     domain: domain.DomainConfig = domain.DomainConfig()
     sft_tasks: int = 4000
     train_tasks: int = 1000
@@ -78,6 +83,10 @@ class DemoConfig:
         bad = [m for m in self.methods if m not in known]
         if bad or not self.methods:
             raise ValueError(f"methods must be among {', '.join(known)}, got {list(self.methods)}")
+        if any(b not in BASELINES for b in self.baselines):
+            raise ValueError(f"baselines must be among {', '.join(BASELINES)}, got {list(self.baselines)}")
+        if self.thinking and self.baselines:
+            raise ValueError("--thinking and the supervised baselines (--with rs_sft,dpo,recap) do not run together yet")
         if self.seeds < 1 or self.rl_steps < 1:
             raise ValueError("seeds and rl_steps must be >= 1")
         if min(self.sft_tasks, self.train_tasks, self.test_tasks, self.clean_tasks) < 1:
@@ -161,8 +170,12 @@ def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, o
 
 def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any], fleet: Any, out: Path,
                     progress: bool, samples: int = 1,
-                    decodings: dict[str, float] = DECODINGS) -> dict[str, Any]:
-    """`jaxrl.eval.evaluate` of one policy on held-out tasks: each decoding's (name: temperature) result."""
+                    decodings: dict[str, float] = DECODINGS, prompt_name: str = prompt.PROMPT,
+                    candidates: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`jaxrl.eval.evaluate` of one policy on held-out tasks: each decoding's (name: temperature) result.
+
+    `candidates` (decoding -> task_id -> prediction) are the fixes a `refine` prompt shows.
+    """
     from jaxrl.eval.evaluate import evaluate
     from jaxrl.eval.protocol import EvalSettings
     from jaxrl.rollout import make_engine
@@ -172,12 +185,12 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
     results = {}
     with make_engine("jax", model=model, tokenizer=tok) as engine:
         for name, temperature in decodings.items():
-            settings = EvalSettings(prompt=prompt.PROMPT, samples=samples if temperature else 1,
+            settings = EvalSettings(prompt=prompt_name, samples=samples if temperature else 1,
                                     temperature=temperature, clean_thinking_budget=budgets["thinking_budget"],
                                     enable_thinking=cfg.thinking, seed=seed, **budgets)
             result = evaluate(engine, tok, tasks, settings, fleet, model={"name": out.name},
                               task_set="demo held-out", out_dir=out / name, batch_size=len(tasks),
-                              progress=progress)
+                              progress=progress, candidates=candidates and candidates[name])
             results[name] = result
     return results
 
@@ -248,6 +261,16 @@ def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool =
         couplings[method] = rep.coupling(evals["sampled"].scores)
         timing[f"eval_{method}_s"] = time.perf_counter() - t
         log(f"[seed {seed}] {method} (step {step}): {_brief(rows[method])}")
+    if cfg.baselines:
+        from jaxrl.demo import baselines
+
+        done = baselines.run_baselines(cfg, seed, splits, base_dir, out / "baselines", fleet,
+                                       rl_config(cfg, seed, "grpo", base_dir, data, out, progress),
+                                       evaluate_policy, progress, log)
+        more = baselines.summarize(done, seed, rep.row_of, rep.coupling)
+        rows, couplings, timing = rows | more[0], couplings | more[1], timing | more[2]
+        for name in cfg.baselines:
+            log(f"[seed {seed}] {name}: {_brief(rows[name])}")
     timing["total_s"] = time.perf_counter() - start
     return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings,
             "sft": {k: v for k, v in sft_record.items() if k != "losses"}}
@@ -270,7 +293,7 @@ def _brief(row: dict[str, dict[str, Any]]) -> str:
 
 
 # Settings that may change when a run is resumed: more seeds or methods only add work.
-RESUMABLE = ("seeds", "methods")
+RESUMABLE = ("seeds", "methods", "baselines")
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -324,7 +347,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
             per_seed.append(run_seed(cfg, seed, out / f"seed{seed}", fleet, progress, log))
     seconds = time.perf_counter() - start
     end_load = os.getloadavg()
-    names = ("base", *cfg.methods)
+    names = ("base", *cfg.methods, *cfg.baselines)
     methods = {m: [s["rows"][m]["sampled"] for s in per_seed] for m in names}
     greedy = {m: [s["rows"][m]["greedy"] for s in per_seed] for m in names}
     couplings = {m: [s["coupling"][m] for s in per_seed] for m in names}

@@ -2,7 +2,9 @@
 
   precisecoder eval --tasks T.jsonl (--model PATH | --checkpoint DIR | --engine sglang --url URL
                     | --engine openai --base-url URL --served-model NAME) --out DIR [options]
+  precisecoder eval --refiner RUN --candidates EVAL_DIR --tasks T.jsonl --out DIR [options]
   precisecoder eval compare DIR... [--out DIR]
+  precisecoder eval compare --group NAME=DIR[,DIR...]... [--sweep NAME=X]... [--out DIR]
 
 `eval` renders every task with the chosen prompt (the paper's wording), samples,
 extracts the program, scores it with the PreciseCoder scorer and writes
@@ -13,7 +15,10 @@ each task is the five-turn tool loop of docs/agent.md and DIR/episodes.jsonl hol
 
 `eval compare` reads the summary.json of each run directory and writes
 compare.md (a row per run: buggy and clean columns with 95% intervals, then
-per task kind), precision_vs_pass.png and noop_vs_damage.png.
+per task kind), precision_vs_pass.png and noop_vs_damage.png. With
+`--group NAME=DIR,DIR...` per method it writes a row per method instead (mean ±
+std over its runs, best and second marked, `jaxrl.eval.groups`), and with
+`--sweep NAME=X` per swept method lambda_sweep.png.
 """
 
 from __future__ import annotations
@@ -42,8 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  description="Put several eval runs side by side: compare.md (the paper's Table 2 "
                                              "layout), precision_vs_pass.png (Figure 12) and noop_vs_damage.png "
                                              "(Figure 14).")
-    compare.add_argument("runs", type=user_path, nargs="+", metavar="DIR",
+    compare.add_argument("runs", type=user_path, nargs="*", metavar="DIR",
                          help="run directories written by `precisecoder eval`")
+    compare.add_argument("--group", action="append", default=[], metavar="NAME=DIR[,DIR...]",
+                         help="one method's runs (its seeds): a row of mean ± std with the best and second marked; "
+                              "repeat per method (instead of DIR...)")
+    compare.add_argument("--sweep", action="append", default=[], metavar="NAME=X",
+                         help="the x (λ, e.g. 1/6) of group NAME on lambda_sweep.png (two groups at least)")
     compare.add_argument("--out", type=user_path, default="compare",
                          help="write compare.md and the PNGs here (default: ./compare)")
 
@@ -54,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="HF safetensors directory, sampled with the jax engine")
     what.add_argument("--checkpoint", type=user_path, metavar="DIR",
                       help="a `precisecoder train` run or checkpoint directory")
+    what.add_argument("--refiner", type=user_path, metavar="DIR",
+                      help="a refiner run (`precisecoder supervised --config recap_refiner`): --checkpoint DIR "
+                           "under --prompt refine, refining the answers of --candidates")
     what.add_argument("--engine", choices=ENGINES, help="jax (default with --model/--checkpoint), sglang or openai")
     what.add_argument("--url", action="append", default=[], help="SGLang server URL (repeat for several)")
     what.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
@@ -70,9 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
-    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"), default=defaults.prompt)
-    protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl",
-                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task)")
+    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"),
+                          help=f"the prompt (default {defaults.prompt}; refine with --refiner)")
+    protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl|EVAL_DIR",
+                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task), "
+                               "or an eval run directory (its predictions.jsonl: the base's one-shot answers)")
     protocol.add_argument("--samples", type=positive_int, default=defaults.samples, help="samples per task (K)")
     protocol.add_argument("--temperature", type=float, default=defaults.temperature,
                           help=f"sampling temperature (default {defaults.temperature}: the paper's evaluation "
@@ -160,25 +175,38 @@ def open_engine(kind: str, args: argparse.Namespace) -> tuple[Any, Any, dict[str
     return sources.open_source(kind, args)
 
 
+def read_summary(run: str) -> dict[str, Any]:
+    """The summary.json of an eval run directory, or UsageError naming it."""
+    path = Path(run) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path}: {e}") from None
+    if not isinstance(summary, dict) or not {"model", "settings", "buggy", "clean", "kinds", "invalid",
+                                             "samples"} <= summary.keys():
+        raise UsageError(f"{path} is not an eval summary")
+    return summary
+
+
 def run_compare(args: argparse.Namespace) -> int:
-    from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
     from jaxrl.eval.report import compare_markdown  # noqa: PLC0415
 
-    problem = output_dir_error(args.out)
-    if problem:
-        print(f"error: --out {problem}", file=sys.stderr)
+    try:
+        problem = output_dir_error(args.out)
+        if problem:
+            raise UsageError(f"--out {problem}")
+        if bool(args.runs) == bool(args.group):
+            raise UsageError("give run directories or --group NAME=DIR[,DIR...], not both (nor neither)")
+        if args.group:
+            return compare_groups(args)
+        if args.sweep:
+            raise UsageError("--sweep is for --group")
+        summaries = [read_summary(run) for run in args.runs]
+    except (UsageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    summaries = []
-    for run in args.runs:
-        path = Path(run) / "summary.json"
-        try:
-            summaries.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"error: {path}: {e}", file=sys.stderr)
-            return 2
-        if not {"model", "settings", "buggy", "clean", "kinds", "invalid", "samples"} <= summaries[-1].keys():
-            print(f"error: {path} is not an eval summary", file=sys.stderr)
-            return 2
+    from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = compare_markdown(summaries)
@@ -193,10 +221,41 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_groups(args: argparse.Namespace) -> int:
+    """compare.md of grouped runs (mean ± std, marks) and, with --sweep, lambda_sweep.png."""
+    from jaxrl.eval import groups as G  # noqa: PLC0415
+
+    named = [G.parse_group(g) for g in args.group]
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--group names repeat: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    sweep = dict(G.parse_sweep(s) for s in args.sweep)
+    unknown = sorted(set(sweep) - set(names))
+    if unknown:
+        raise UsageError(f"--sweep names no group: {', '.join(unknown)}")
+    if len(sweep) == 1:
+        raise UsageError("--sweep needs two groups at least")
+    stats = G.group_stats([(name, [read_summary(d) for d in dirs]) for name, dirs in named])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = G.grouped_markdown(stats)
+    (out / "compare.md").write_text(table, encoding="utf-8")
+    print(table)
+    if sweep:
+        from jaxrl.eval import plots  # noqa: PLC0415  (matplotlib only for compare)
+
+        if plots.lambda_sweep(G.sweep_points(stats, sweep), out / "lambda_sweep.png"):
+            print(f"wrote {out / 'lambda_sweep.png'}")
+        else:
+            print("skipped lambda_sweep.png: fewer than two swept groups have buggy tasks")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.action == "compare":
         return run_compare(args)
     try:
+        refiner_source(args)
         if not args.tasks or not args.out:
             raise UsageError("--tasks and --out are required")
         if (args.prompt == "refine") != (args.candidates is not None):
@@ -223,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
         if args.candidates:
             by_id = {t.task_id: t for t in tasks}
             candidates = {}
-            for pred in load_predictions_for(args.candidates, by_id):
+            for pred in load_predictions_for(candidates_file(args.candidates), by_id):
                 candidates.setdefault(pred.task_id, pred)
     except (UsageError, SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -268,6 +327,25 @@ def main(args: argparse.Namespace) -> int:
           "summary.json, report.md "
           f"({len(result.samples)} samples, {result.summary['unverifiable']['count']} unverifiable)")
     return 0
+
+
+def refiner_source(args: argparse.Namespace) -> None:
+    """`--refiner DIR` is `--checkpoint DIR --prompt refine`; the default prompt is filled in otherwise."""
+    if args.refiner is not None:
+        if args.model or args.checkpoint or args.engine not in (None, "jax"):
+            raise UsageError("--refiner is the model: drop --model, --checkpoint and --engine")
+        if args.prompt not in (None, "refine") or args.agent:
+            raise UsageError("--refiner answers under the refine prompt: drop --prompt and --agent")
+        if args.candidates is None:
+            raise UsageError("--refiner needs --candidates EVAL_DIR (the base's eval run) or C.jsonl")
+        args.checkpoint, args.prompt = args.refiner, "refine"
+    args.prompt = args.prompt or EvalSettings.prompt
+
+
+def candidates_file(path: str) -> Path:
+    """The candidates' JSONL: the file given, or an eval run directory's predictions.jsonl."""
+    p = Path(path)
+    return p / "predictions.jsonl" if p.is_dir() else p
 
 
 def agent_settings(args: argparse.Namespace):

@@ -5,6 +5,8 @@
 - Figure 14: damage against no-op rate on clean (GT Debug) tasks, one point per
   run, the runs of one model under different prompts joined by an arrow
   (minimal → abstain), so the effect of allowing abstention shows as a move.
+- Figure 9: the λ sweep, pass rate, edit precision and F1 of grouped runs against λ,
+  each a mean over seeds with ± one std as error bars.
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ def noop_vs_damage(summaries: Sequence[Mapping[str, Any]], path: str | os.PathLi
                         arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.7})
     _finish(fig, ax, path, "no-op rate (%)", "damage (%)",
             "Clean tasks: no-op vs. damage, minimal → abstain prompt (95% CI)")
+    return True
+
+
+def lambda_sweep(points: Sequence[tuple[float, Mapping[str, Any]]], path: str | os.PathLike) -> bool:
+    """Figure 9 from (λ, group stats of `jaxrl.eval.groups`) points; False when fewer than two have a pass rate."""
+    points = [(x, g) for x, g in points if g["columns"]["pass"][0] is not None]
+    if len(points) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    xs = [x for x, _ in points]
+    for column, label in (("pass", "pass rate"), ("precision", "edit precision"), ("f1", "F1")):
+        means = [100 * (g["columns"][column][0] if g["columns"][column][0] is not None else float("nan"))
+                 for _, g in points]
+        stds = [100 * (g["columns"][column][1] or 0.0) for _, g in points]
+        ax.errorbar(xs, means, yerr=stds, fmt="-o", capsize=3, label=label)
+    _finish(fig, ax, path, "λ (weight of the F1 term)", "%", "λ sweep (mean ± std over seeds)")
     return True
 
 

@@ -1,0 +1,101 @@
+"""The RECAP refiner end to end on the demo domain, with the demo tokenizer and policy: a pool scored
+by the fleet, `select recap`'s mix, the supervised trainer, and the refine prompt over the base's
+answers from its eval directory (`jaxrl.demo.baselines`, as `demo --with recap` runs them)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import models
+from jaxrl import rewards as R
+from jaxrl.demo import baselines as B
+from jaxrl.demo import run
+from jaxrl.demo.policy import new_policy, policy_config
+from jaxrl.demo.prompt import answer
+from jaxrl.demo.tokenizer import load_demo_tokenizer
+from jaxrl.eval.evaluate import build_requests
+from jaxrl.eval.protocol import EvalSettings
+from reward.fleet import Fleet
+from reward.schema import write_jsonl
+from reward.score import score_predictions
+
+
+def test_demo_with_parses_baselines_and_refuses_unknown_names():
+    import argparse
+
+    from jaxrl.demo.cli import add_arguments, config_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_of(parser.parse_args(["--smoke", "--with", "rs_sft,dpo", "--with", "recap,ea_grpo"]))
+    assert cfg.baselines == ("rs_sft", "dpo", "recap") and cfg.methods == ("grpo", "precisecoder", "ea_grpo")
+    assert config_of(parser.parse_args(["--smoke"])).baselines == ()
+    with pytest.raises(ValueError, match="--with sft: choose from"):
+        config_of(parser.parse_args(["--smoke", "--with", "sft"]))
+
+
+@pytest.mark.slow  # 8 min at load 28 on 2 cores: a pool scored on the fleet, a short refiner run, two evaluations
+def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
+    cfg = run.DemoConfig(sft_tasks=4, train_tasks=8, test_tasks=4, clean_tasks=2, hidden=32, layers=1, heads=2,
+                         baselines=("recap",), baseline=B.BaselineConfig(batch_size=4, recap_epochs=2))
+    splits = run.make_data(cfg, 0, tmp_path / "data")
+    tok = load_demo_tokenizer()
+    base_dir = tmp_path / "base"
+    base = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), 0)
+    models.save_pretrained(base, base_dir)
+    tok.save_pretrained(base_dir)
+
+    # a pool of three answers per training task, scored on the fleet: the fix, the rewrite, no change
+    train = [s.task for s in splits.train]
+    texts = [[answer(s.task.solution), answer(s.rewrite()), answer(s.task.buggy_code)] for s in splits.train]
+    items = [(t, R.prediction_of(t, text, False)) for t, group in zip(train, texts) for text in group]
+    with Fleet(workers=2) as fleet:
+        scores = score_predictions(items, fleet.run)
+        pool = [{"task_id": t.task_id, "sample": i % 3, "text": p.response, "unit": s.unit, "valid": s.valid,
+                 "precision": s.precision, "recall": s.recall, "f1": s.f1, "edited_lines": s.edited_lines}
+                for i, ((t, p), s) in enumerate(zip(items, scores))]
+        (tmp_path / "pool").mkdir()
+        write_jsonl(tmp_path / "pool" / "pool.jsonl", pool)
+        kinds = {"keep": 0, "trim": 0, "repair": 0}
+        for row in pool:
+            if row["valid"]:
+                passing = row["unit"] == 1
+                kinds["keep" if passing and row["precision"] == 1 else "trim" if passing else "repair"] += 1
+        k = min(kinds["trim"] // 3, kinds["repair"], kinds["keep"])
+        assert k >= 1, kinds
+        rows = B.select_rows(tmp_path / "pool", train, (3, 1, 1), 0)["recap"]
+        assert sorted(r["kind"] for r in rows) == sorted(["trim"] * 3 * k + ["repair"] * k + ["keep"] * k)
+        assert all(r["messages"][-1]["content"].count("```python") == 2 for r in rows)  # the code and the candidate
+
+        # the refiner trains from the base with the supervised trainer on the demo tokenizer
+        run_cfg = run.rl_config(cfg, 0, "grpo", base_dir, tmp_path / "data", tmp_path / "rl", False)
+        run_dir = B.train_baseline("recap", rows, run_cfg, cfg.baseline, 0, tmp_path / "recap")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len(records) == 2 * (len(rows) // 4) and all(math.isfinite(r["sft/loss"]) for r in records)
+
+        # the base's one-shot answers as an eval directory, then the refiner over them
+        held_out = [s.task for s in splits.test + splits.clean]
+        answers = {s.task.task_id: answer(s.rewrite()) for s in splits.test + splits.clean}
+        for decoding in run.DECODINGS:
+            (tmp_path / "eval" / "base" / decoding).mkdir(parents=True)
+            write_jsonl(tmp_path / "eval" / "base" / decoding / "predictions.jsonl",
+                        [{"task_id": tid, "response": text} for tid, text in answers.items()])
+        candidates = B.base_candidates(tmp_path / "eval" / "base", held_out)
+        settings = EvalSettings(prompt="refine", thinking_budget=None, enable_thinking=False)
+        requests, replaced = build_requests(held_out, settings, tok, candidates["sampled"])
+        assert replaced == 0
+        for request, task in zip(requests, held_out):
+            program = answers[task.task_id].removeprefix("```python\n").removesuffix("\n```")
+            assert program in request.messages[-1]["content"]
+        from jaxrl.saved_run import load_policy
+
+        policy, _, _ = load_policy(run_dir)
+        evals = run.evaluate_policy(policy, cfg, 0, held_out, fleet, tmp_path / "eval" / "recap", False,
+                                    prompt_name="refine", candidates=candidates)
+    for decoding, result in evals.items():
+        assert result.summary["settings"]["prompt"] == "refine"
+        assert result.summary["refine_candidates_replaced"] == 0
+        assert result.summary["tasks"] == len(held_out)
