@@ -11,9 +11,10 @@ both settings, alternating, so that machine load hits both alike:
 
 From the trainer's `time/` metrics (the first step, which compiles, left out) it
 prints per setting the median seconds of each stage, its share of the step, the
-step's median and the new/old ratio; CPU seconds of this process and of the sandbox
-workers per setting (load does not inflate those: `cpu_s / 2` is what 2 idle cores
-would take at best); and the fleet's runs and cache hits. With --json one object.
+step's median and the new/old ratio; the CPU seconds of this process per step (JAX and
+the scorer's Python; the sandbox runs are not in it: their processes are reaped inside the
+sandbox's own pid namespaces), which load inflates far less than wall time; and the
+fleet's runs and cache hits, the fleet's work whatever the load. With --json one object.
 
     scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--json]
 """
@@ -35,11 +36,10 @@ SETTINGS = {"old": {"tasks_per_step": 12, "group_size": 8, "shared": False},
             "new": {"tasks_per_step": 16, "group_size": 6, "shared": True}}
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """(this process, its reaped children) user + system CPU seconds."""
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime
 
 
 def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
@@ -57,7 +57,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
     s = SETTINGS[name]
     cfg = dataclasses.replace(DemoConfig(), tasks_per_step=s["tasks_per_step"], group_size=s["group_size"],
                               rl_steps=steps)
-    own0, kids0 = cpu_seconds()
+    cpu0 = cpu_seconds()
     start = time.perf_counter()
     records, fleets = [], []
     shared = Fleet(workers=min(2, os.cpu_count() or 1)) if s["shared"] else None
@@ -80,10 +80,9 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
     finally:
         if shared is not None:
             shared.close()
-    own1, kids1 = cpu_seconds()
     rollouts = s["tasks_per_step"] * s["group_size"]
-    return {"records": records, "wall_s": time.perf_counter() - start, "cpu_s": own1 - own0,
-            "sandbox_cpu_s": kids1 - kids0, "rollouts_per_step": rollouts,
+    return {"records": records, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
+            "rollouts_per_step": rollouts,
             "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
 
 
@@ -95,10 +94,9 @@ def summarize(runs: list[dict]) -> dict:
     out["stage_s"] = {k: statistics.median(r.get(f"time/{k}", 0.0) for r in records) for k in STAGES}
     out["share"] = {k: statistics.median(r.get(f"share/{k}", 0.0) for r in records) for k in STAGES}
     out["cpu_s"] = sum(run["cpu_s"] for run in runs)
-    out["sandbox_cpu_s"] = sum(run["sandbox_cpu_s"] for run in runs)
     out["wall_s"] = sum(run["wall_s"] for run in runs)
     total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run
-    out["cpu_s_per_step"] = (out["cpu_s"] + out["sandbox_cpu_s"]) / total_steps
+    out["cpu_s_per_step"] = out["cpu_s"] / total_steps
     out["fleet"] = {k: sum(run["fleet"][k] for run in runs) for k in runs[0]["fleet"]}
     return out
 

@@ -53,6 +53,16 @@ def test_lines_over_passing_answers_only():
     assert rep.lines_passing(scores[2:4]) is None
 
 
+def test_the_sft_validation_split_is_disjoint_and_leaves_the_other_sets_as_they_were():
+    without = domain.make_splits(2, 30, 20, 10, 5)
+    with_val = domain.make_splits(2, 30, 20, 10, 5, sft_val=12)
+    for part in ("sft", "train", "test", "clean"):
+        assert [s.task for s in getattr(with_val, part)] == [s.task for s in getattr(without, part)]
+    assert without.sft_val == [] and len(with_val.sft_val) == 12
+    others = {s.task.solution for part in (with_val.sft, with_val.train, with_val.test, with_val.clean) for s in part}
+    assert not others & {s.task.solution for s in with_val.sft_val}
+
+
 def test_candidate_steps_are_fixed_by_the_config():
     assert sft.candidate_steps(sft.SFTConfig()) == [700, 800, 900, 1000, 1100, 1200, 1300]
     assert sft.candidate_steps(sft.SFTConfig(steps=4, warmup_steps=1)) == [4]
@@ -61,14 +71,16 @@ def test_candidate_steps_are_fixed_by_the_config():
 
 def test_the_kept_base_is_the_candidate_of_lowest_validation_loss():
     tok = DemoTokenizer()
-    train, val = domain.generate(0, 48, "sel-train"), domain.generate(0, 16, "sel-val")
+    train, val = domain.generate(0, 16, "sel-train"), domain.generate(0, 8, "sel-val")
     tokens, mask = sft.encode_pairs(tok, sft.sft_pairs(train, 0.5, 0)[0])
     vt, vm = sft.encode_pairs(tok, sft.sft_pairs(val, 0.5, 1)[0])
-    # lr 0.5: late steps diverge, so the best candidate is not the last one
-    cfg = sft.SFTConfig(steps=12, batch_size=8, warmup_steps=1, learning_rate=0.5, select_every=2)
+    # the rate rises to 5 over the run (a warm-up of 7 of 8 steps): the late steps diverge, so the
+    # candidate kept is not the last one, and the model must hold that earlier candidate
+    cfg = sft.SFTConfig(steps=8, batch_size=4, warmup_steps=7, learning_rate=5.0, select_every=1)
     model = new_policy(policy_config(tok, 16, 1, 2), 0)
     losses, chosen = sft.train_sft_best(model, tokens, mask, vt, vm, cfg, 0)
-    assert len(losses) == 12 and sorted(chosen["val_losses"]) == [6, 8, 10, 12]
+    assert len(losses) == 8 and sorted(chosen["val_losses"]) == [4, 5, 6, 7, 8]
+    assert chosen["step"] < 8
     assert chosen["val_loss"] == min(chosen["val_losses"].values())
     assert chosen["val_losses"][chosen["step"]] == chosen["val_loss"]
     import jax.numpy as jnp

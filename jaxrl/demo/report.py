@@ -74,7 +74,8 @@ def paired_differences(treated: Sequence[Mapping[str, Any]], control: Sequence[M
     out = {}
     for column in columns:
         diffs = [r[column] - by_seed[r["seed"]][column] for r in treated
-                 if r["seed"] in by_seed and r[column] is not None and by_seed[r["seed"]][column] is not None]
+                 if r["seed"] in by_seed and r.get(column) is not None
+                 and by_seed[r["seed"]].get(column) is not None]
         if not diffs:
             continue
         mean, low, high = t_interval(diffs) if len(diffs) > 1 else (diffs[0], None, None)
@@ -169,8 +170,8 @@ def target_check(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tup
     """
     if "grpo" not in methods or "precisecoder" not in methods:
         return []
-    g = {c: mean_std([r[c] for r in methods["grpo"]])[0] for c in COLUMNS}
-    p = {c: mean_std([r[c] for r in methods["precisecoder"]])[0] for c in COLUMNS}
+    g = {c: mean_std([r.get(c) for r in methods["grpo"]])[0] for c in COLUMNS}
+    p = {c: mean_std([r.get(c) for r in methods["precisecoder"]])[0] for c in COLUMNS}
     if any(v is None for v in (g["lines"], p["lines"], g["precision"], p["precision"], g["pass"], p["pass"])):
         return []
     return [
