@@ -69,6 +69,8 @@ def test_candidate_steps_are_fixed_by_the_config():
     assert sft.candidate_steps(sft.SFTConfig(steps=250, select_every=100, warmup_steps=1)) == [200, 250]
 
 
+# 52 s at load 12 (nice 15) on 2 cores, most of it compiling the SFT step
+@pytest.mark.slow
 def test_the_kept_base_is_the_candidate_of_lowest_validation_loss():
     tok = DemoTokenizer()
     train, val = domain.generate(0, 16, "sel-train"), domain.generate(0, 8, "sel-val")

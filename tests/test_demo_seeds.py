@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
 import yaml
 
 from jaxrl import cli
 from jaxrl.demo import run as demo_run
 
 
+# 953 s at load 15 to 45 (nice 15) on 2 cores; the two-seed smoke run itself took 2.1 min at load 12
+@pytest.mark.slow
 def test_two_rl_seeds_share_one_base_trained_once(tmp_path, monkeypatch):
     trained = []
     real = demo_run.train_base
