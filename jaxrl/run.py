@@ -139,9 +139,12 @@ def read_train_tasks(cfg: Config, tokenizer: Any) -> tuple[list[Task], list[Task
 
 @contextlib.contextmanager
 def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
-             engine_factory: Callable[..., Engine] | None = None, tokenizer: Any = None
-             ) -> Iterator[tuple[Run, ts.TrainState]]:
+             engine_factory: Callable[..., Engine] | None = None, tokenizer: Any = None,
+             fleet: Fleet | None = None) -> Iterator[tuple[Run, ts.TrainState]]:
     """The run's resources and its train state (restored on resume); all closed on exit.
+
+    `fleet` is a sandbox fleet the caller owns and keeps open (shared with other runs,
+    its verdict cache with them); by default the run starts its own from `cfg.reward`.
 
     Call `jaxrl.preflight.check` first: this writes config.yaml at once.
     """
@@ -205,8 +208,8 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         except (ValueError, TypeError) as e:
             raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
         stack.callback(run.engine.close)
-        run.fleet = stack.enter_context(contextlib.closing(Fleet(workers=cfg.reward.workers,
-                                                                 isolation=cfg.reward.isolation)))
+        run.fleet = fleet if fleet is not None else stack.enter_context(contextlib.closing(
+            Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)))
         run.scorer = stack.enter_context(contextlib.closing(R.RewardPipeline(
             run.fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads)))
         if hosts.is_primary():

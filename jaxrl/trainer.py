@@ -30,17 +30,19 @@ from jaxrl.saved_run import build_model, load_policy, locate_run
 from jaxrl.step import step as rl_step
 from jaxrl.train_step import TrainState
 from jaxrl.validate import validate
+from reward.fleet import Fleet
 
 __all__ = ["TrainError", "build_model", "config_from_args", "load_policy", "locate_run", "make_engine_for", "train"]
 
 
 def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., Engine] | None = None,
-          tokenizer: Any = None) -> dict[str, Any]:
+          tokenizer: Any = None, fleet: Fleet | None = None) -> dict[str, Any]:
     """Run (or resume) the RL loop of `cfg` to `cfg.run.steps`; returns the last step's metrics.
 
     `engine_factory(cfg, model, tokenizer, mesh, rules)` replaces `make_engine_for`. `tokenizer`
     replaces the Qwen tokenizer of `cfg.model.family` (`precisecoder demo` passes its own
-    small vocabulary with the same interface).
+    small vocabulary with the same interface). `fleet`: a sandbox fleet the caller owns and
+    shares with other runs (`jaxrl.run.open_run`).
     """
     try:
         check_hosts_agree(cfg)  # a collective: before anything that could fail on one host only
@@ -48,7 +50,8 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
         raise TrainError(str(e)) from None
     algorithm = preflight.check(cfg, resume)
     last: dict[str, Any] = {}
-    with open_run(cfg, algorithm, resume=resume, engine_factory=engine_factory, tokenizer=tokenizer) as (run, state):
+    with open_run(cfg, algorithm, resume=resume, engine_factory=engine_factory, tokenizer=tokenizer,
+                  fleet=fleet) as (run, state):
         for index in range(run.start, cfg.run.steps):
             timer = M.StageTimer()
             with timer("data"):

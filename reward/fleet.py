@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -48,6 +48,7 @@ class FleetStats:
     retries: int = 0
     worker_restarts: int = 0
     watchdog_kills: int = 0
+    seeded: int = 0
 
 
 class Fleet:
@@ -119,6 +120,26 @@ class Fleet:
             if self._cache_file is not None:
                 self._cache_file.close()
                 self._cache_file = None
+
+    def seed(self, verdicts: Iterable[tuple[Job, RunResult]]) -> int:
+        """Put verdicts known without running (a task's solution passes its tests) into the cache.
+
+        Those jobs are then answered from the cache like any repeat. Only cacheable
+        verdicts are taken (no timeouts, no sandbox failures), an entry already cached
+        is kept, and nothing seeded is written to `cache_path`. Returns how many were added.
+        """
+        added = 0
+        with self._lock:
+            if not self.cache_enabled:
+                return 0
+            for job, result in verdicts:
+                key = job.key()
+                if _cacheable(result) and key not in self._cache:
+                    self._cache[key] = result
+                    added += 1
+            self._trim_cache()
+            self.stats.seeded += added
+        return added
 
     def run(self, jobs: Sequence[Job], progress: bool | str = False) -> list[RunResult]:
         """Run `jobs` in parallel and return their results in the same order.

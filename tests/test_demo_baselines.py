@@ -85,7 +85,7 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
                         [{"task_id": tid, "response": text} for tid, text in answers.items()])
         candidates = B.base_candidates(tmp_path / "eval" / "base", held_out)
         settings = EvalSettings(prompt="refine", thinking_budget=None, enable_thinking=False)
-        requests, replaced = build_requests(held_out, settings, tok, candidates["sampled"])
+        requests, replaced = build_requests(held_out, settings, tok, candidates[run.MAIN])
         assert replaced == 0
         for request, task in zip(requests, held_out):
             program = answers[task.task_id].removeprefix("```python\n").removesuffix("\n```")

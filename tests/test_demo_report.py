@@ -13,7 +13,7 @@ def test_row_of_turns_an_eval_summary_into_percentages():
                          "lines": {"value": 2.5}},
                "clean": {"noop": {"value": 0.4}, "damage": {"value": 0.1}}}
     assert rep.row_of(summary, 3) == {"seed": 3, "pass": 50.0, "precision": 25.0, "recall": 75.0, "lines": 2.5,
-                                      "noop": 40.0, "damage": 10.0}
+                                      "lines_pass": None, "noop": 40.0, "damage": 10.0}
 
 def test_mean_std_is_population_and_skips_nulls():
     assert rep.mean_std([1.0, 3.0, None]) == (2.0, 1.0)
@@ -40,7 +40,7 @@ def test_results_json_has_the_issue_format(tmp_path):
 def test_table_and_report_markdown():
     methods = {"base": [_row(0, 50.0, 30.0, 2.0), _row(1, 52.0, 32.0, 2.2)]}
     table = rep.summary_table(methods)
-    assert "| SFT base | 51.0 ± 1.0 | 31.0 ± 1.0 | 51.0 ± 1.0 | 2.10 ± 0.10 | 50.0 ± 0.0 | 10.0 ± 0.0 |" in table
+    assert "| SFT base | 51.0 ± 1.0 | 31.0 ± 1.0 | 51.0 ± 1.0 | 2.10 ± 0.10 | – | 50.0 ± 0.0 | 10.0 ± 0.0 |" in table
     md = rep.report_markdown(methods, methods, 2, 120.0, (1.5, 1.0, 1.0), "precisecoder demo --seeds 2", 200.0)
     assert "`precisecoder demo --seeds 2`" in md and "Greedy decoding" in md and "Not checked" in md
 

@@ -15,11 +15,12 @@ def test_demo_small_writes_report_results_and_curves(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert set(results["methods"]) == {"base", "grpo", "precisecoder", "grpo_f1sum"}
     for rows in results["methods"].values():
-        assert [set(r) for r in rows] == [{"seed", "pass", "precision", "recall", "lines", "noop", "damage"}]
+        assert [set(r) for r in rows] == [{"seed", "pass", "precision", "recall", "lines", "lines_pass", "noop",
+                                          "damage"}]
         assert all(0 <= r["pass"] <= 100 and 0 <= r["damage"] <= 100 for r in rows)
-    assert set(results["greedy"]) == set(results["methods"])
+    assert set(results["greedy"]) == set(results["t1"]) == set(results["methods"])
     report = (out / "report.md").read_text()
-    assert "T = 1 sampling" in report and "Greedy decoding" in report and "PreciseCoder" in report
+    assert "T = 0.6 sampling (the main table)" in report and "T = 1 sampling" in report and "Greedy decoding" in report and "PreciseCoder" in report
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     for method in ("grpo", "precisecoder", "grpo_f1sum"):
         assert (out / "seed0" / "rl" / method / "checkpoints" / "2").is_dir()

@@ -130,14 +130,13 @@ def test_the_thinking_smoke_demo_writes_traces_for_every_policy_and_transfer_rea
     (about 2 min at load 12, 4.7 min at load 32 on 2 cores)."""
     out = tmp_path / "demo"
     assert cli.main(["demo", "--smoke", "--thinking", "--out", str(out), "--no-progress"]) == 0
-    for method in ("base", "grpo", "precisecoder"):
-        records = [json.loads(line) for line in (out / "seed0" / "eval" / method / "sampled" /
-                                                 "predictions.jsonl").open()]
+    for where in (out / "eval" / "base", *(out / "seed0" / "eval" / m for m in ("grpo", "precisecoder"))):
+        records = [json.loads(line) for line in (where / "t1" / "predictions.jsonl").open()]
         assert len(records) == thinking.EVAL_SAMPLES * 12 and all(r["think_opened"] for r in records)
         assert any(r["thinking"] for r in records)  # a 4-step policy sometimes closes the block at once
-    assert cli.main(["transfer", "--donor", str(out / "seed0" / "eval" / "precisecoder" / "sampled"),
+    assert cli.main(["transfer", "--donor", str(out / "seed0" / "eval" / "precisecoder" / "t1"),
                      "--checkpoint", str(out / "seed0" / "rl" / "grpo"), "--mode", "at-once",
-                     "--tasks", str(out / "seed0" / "data" / "test.jsonl"), "--out", str(tmp_path / "t"),
+                     "--tasks", str(out / "data" / "test.jsonl"), "--out", str(tmp_path / "t"),
                      "--workers", "1", "--no-progress"]) == 0
     records = [json.loads(line) for line in (tmp_path / "t" / "predictions.jsonl").open()]
     assert len(records) == 8 and not any(r["think_opened"] for r in records)

@@ -114,12 +114,13 @@ def base_candidates(eval_dir: Path, tasks: Sequence[Any]) -> dict[str, dict[str,
     return out
 
 
-def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, out: Path, fleet: Any,
+def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, base_eval: Path, out: Path, fleet: Any,
                   run_cfg: Any, evaluate: Callable[..., dict[str, Any]], progress: bool, log: Log
                   ) -> dict[str, dict[str, Any]]:
     """Pool, selection, training and evaluation of `cfg.baselines` for one seed.
 
     Args:
+        base_eval: the base's evaluation directory (its answers are the refiner's candidates).
         run_cfg: the trainer `Config` of the seed's RL runs (model = the base, the demo
             prompt, the mesh); each baseline replaces its objective, rate and run directory.
         evaluate: `jaxrl.demo.run.evaluate_policy`.
@@ -163,7 +164,7 @@ def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, out: Path, f
         policy, _, _ = load_policy(run_dir)
         if name == "recap":
             evals = evaluate(policy, cfg, seed, held_out, fleet, out.parent / "eval" / name, progress,
-                             prompt_name="refine", candidates=base_candidates(out.parent / "eval" / "base", held_out))
+                             prompt_name="refine", candidates=base_candidates(base_eval, held_out))
         else:
             evals = evaluate(policy, cfg, seed, held_out, fleet, out.parent / "eval" / name, progress)
         timing["eval_s"] = time.perf_counter() - t
@@ -173,19 +174,21 @@ def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, out: Path, f
 
 def empty_row(seed: int) -> dict[str, Any]:
     """The results row of a baseline that had nothing to train on: every column missing."""
-    return {"seed": seed, "pass": None, "precision": None, "recall": None, "lines": None, "noop": None,
-            "damage": None}
+    return {"seed": seed, "pass": None, "precision": None, "recall": None, "lines": None, "lines_pass": None,
+            "noop": None, "damage": None}
 
 
 def summarize(results: Mapping[str, Mapping[str, Any]], seed: int, row_of: Callable, coupling: Callable
               ) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
-    """(rows, couplings, timing) of the baselines in the shapes `jaxrl.demo.run.run_seed` reports."""
+    """(rows, couplings, timing) of the baselines in the shapes `jaxrl.demo.run.run_rl_seed` reports."""
+    from jaxrl.demo.run import DECODINGS, MAIN
+
     rows, couplings, timing = {}, {}, {}
     for name, r in results.items():
         evals = r.get("evals")
-        rows[name] = ({k: row_of(e.summary, seed) for k, e in evals.items()} if evals
-                      else {"sampled": empty_row(seed), "greedy": empty_row(seed)})
-        couplings[name] = coupling(evals["sampled"].scores) if evals else \
+        rows[name] = ({k: row_of(e.summary, seed, e.scores) for k, e in evals.items()} if evals
+                      else {d: empty_row(seed) for d in DECODINGS})
+        couplings[name] = coupling(evals[MAIN].scores) if evals else \
             {"overedit_share": None, "pass_overedit": None, "pass_tight": None}
         timing |= {f"{name}_{k}": v for k, v in r["timing"].items()}
         timing[f"{name}_rows"] = r["rows"]

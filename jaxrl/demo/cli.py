@@ -1,8 +1,9 @@
 """precisecoder demo: SFT a tiny Qwen3 on a micro debugging domain, then GRPO vs PreciseCoder from that base.
 
 Writes DIR/report.md (pass, precision, recall, lines, no-op, damage for the base and
-each method, mean ± std over seeds, T = 1 sampling and greedy), DIR/results.json
-and DIR/curves.png. See docs/demo.md.
+each method, mean ± std over RL seeds of one base, T = 0.6 sampling as the main table,
+T = 1 and greedy beside it, PreciseCoder − GRPO per seed), DIR/results.json and
+DIR/curves.png. See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ SMOKE_STEPS, SMOKE_SFT_STEPS = 2, 4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoConfig()
     parser.add_argument("--out", type=user_path, default="runs/demo", help="output directory (default: runs/demo)")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default: 1)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="RL seeds 0..N-1 of every method, all from one SFT base (default: 1)")
+    parser.add_argument("--bases", type=int, default=1,
+                        help="SFT bases: K-1 further bases, each with its own tasks and --seeds RL seeds, "
+                             "for a robustness table (default: 1)")
     parser.add_argument("--steps", type=int,
                         help=f"RL steps per method (default: {d.rl_steps}; {SMOKE_STEPS} with --smoke)")
     parser.add_argument("--sft-steps", type=int,
@@ -83,11 +88,11 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
     unknown = [name for name in extra if name not in OPTIONAL_METHODS + BASELINES]
     if unknown:
         raise ValueError(f"--with {unknown[0]}: choose from {', '.join(OPTIONAL_METHODS + BASELINES)}")
-    cfg = dict(seeds=args.seeds, methods=METHODS + tuple(n for n in extra if n in OPTIONAL_METHODS),
+    cfg = dict(seeds=args.seeds, bases=args.bases, methods=METHODS + tuple(n for n in extra if n in OPTIONAL_METHODS),
                baselines=tuple(n for n in extra if n in BASELINES), rl_steps=rl_steps,
                sft=sft, kl_coef=args.kl, learning_rate=args.lr, thinking=args.thinking)
     if args.smoke:
-        cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, hidden=32, layers=1, heads=2,
+        cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, sft_val_tasks=8, hidden=32, layers=1, heads=2,
                    tasks_per_step=2, group_size=2,
                    sft=SFTConfig(steps=sft_steps, batch_size=8, warmup_steps=1))
     return DemoConfig(**cfg)
@@ -95,8 +100,8 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
 
 def main(args: argparse.Namespace) -> int:
     rl_steps, sft_steps = steps_of(args)
-    if args.seeds < 1 or rl_steps < 1 or sft_steps < 2:
-        print("precisecoder demo: --seeds and --steps must be >= 1 and --sft-steps >= 2", file=sys.stderr)
+    if args.seeds < 1 or args.bases < 1 or rl_steps < 1 or sft_steps < 2:
+        print("precisecoder demo: --seeds, --bases and --steps must be >= 1 and --sft-steps >= 2", file=sys.stderr)
         return 2
     if args.cpu_devices < 1:
         print("precisecoder demo: --cpu-devices must be >= 1", file=sys.stderr)

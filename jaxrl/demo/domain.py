@@ -266,17 +266,21 @@ def generate(seed: int, n: int, prefix: str, cfg: DomainConfig = DomainConfig(),
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-    """Disjoint task sets of one demo seed: SFT, RL training, held-out buggy and held-out clean."""
+    """Disjoint task sets of one demo base: SFT, RL training, held-out buggy, held-out clean, SFT validation."""
 
     sft: list[Sample]
     train: list[Sample]
     test: list[Sample]
     clean: list[Sample]
+    sft_val: list[Sample] = dataclasses.field(default_factory=list)
 
 
 def make_splits(seed: int, sft: int, train: int, test: int, clean: int,
-                cfg: DomainConfig = DomainConfig()) -> Splits:
-    """Generate the four sets with no correct program shared between any two."""
+                cfg: DomainConfig = DomainConfig(), sft_val: int = 0) -> Splits:
+    """Generate the sets with no correct program shared between any two.
+
+    The SFT validation set is drawn last, so the other four are the same with or without it.
+    """
     used: set[str] = set()
 
     def take(n: int, prefix: str, is_clean: bool = False) -> list[Sample]:
@@ -286,7 +290,8 @@ def make_splits(seed: int, sft: int, train: int, test: int, clean: int,
 
     held_test = take(test, "demo-test")
     held_clean = take(clean, "demo-clean", True)
-    return Splits(take(sft, "demo-sft"), take(train, "demo-train"), held_test, held_clean)
+    sft_set, train_set = take(sft, "demo-sft"), take(train, "demo-train")
+    return Splits(sft_set, train_set, held_test, held_clean, take(sft_val, "demo-sftval") if sft_val else [])
 
 
 def sft_target(rng: random.Random, sample: Sample, rewrite_share: float, miss_share: float = 0.0) -> tuple[str, str]:

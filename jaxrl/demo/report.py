@@ -18,14 +18,17 @@ from typing import Any
 HISTORY = ("How this setting was chosen: the domain, the SFT recipe and the RL rate and batch were changed "
            "after measured runs, and every earlier setting and its numbers are in docs/demo.md "
            "(\"How the setting was chosen\"). The target below was fixed before any run.")
-COLUMNS = ("pass", "precision", "recall", "lines", "noop", "damage")
+COLUMNS = ("pass", "precision", "recall", "lines", "lines_pass", "noop", "damage")
 NAMES = {"base": "SFT base", "grpo": "GRPO (unit tests only)", "precisecoder": "PreciseCoder (GDPO, λ = 1/3)",
          "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO", "rs_sft": "Rejection-sampling SFT",
          "dpo": "DPO", "recap": "RECAP (refines the base's answer)"}
 
 
-def row_of(summary: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """One seed's results object from an evaluation summary (`jaxrl.eval` columns, fractions → %)."""
+def row_of(summary: Mapping[str, Any], seed: int, scores: Sequence[Any] = ()) -> dict[str, Any]:
+    """One seed's results object from an evaluation summary (`jaxrl.eval` columns, fractions → %).
+
+    `lines_pass` (edited lines over passing answers to buggy tasks only) comes from the score rows.
+    """
     buggy, clean = summary["buggy"], summary["clean"]
 
     def pct(group: Mapping[str, Any], name: str) -> float | None:
@@ -34,8 +37,62 @@ def row_of(summary: Mapping[str, Any], seed: int) -> dict[str, Any]:
 
     lines = buggy.get("lines", {}).get("value")
     return {"seed": seed, "pass": pct(buggy, "pass"), "precision": pct(buggy, "precision"),
-            "recall": pct(buggy, "recall"), "lines": lines, "noop": pct(clean, "noop"),
-            "damage": pct(clean, "damage")}
+            "recall": pct(buggy, "recall"), "lines": lines, "lines_pass": lines_passing(scores),
+            "noop": pct(clean, "noop"), "damage": pct(clean, "damage")}
+
+
+def lines_passing(scores: Sequence[Any]) -> float | None:
+    """Mean edited lines of the valid answers to buggy tasks that pass their tests (None if none pass).
+
+    Over all valid answers, a method that breaks more programs can edit fewer lines by
+    failing; over passing answers only, the count compares answers that fix the bug.
+    """
+    lines = [s.edited_lines for s in scores if s.valid and s.damage is None and s.unit]
+    return sum(lines) / len(lines) if lines else None
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the two-sided Student-t interval of the mean of `values` (n ≥ 2).
+
+    With n RL seeds this is mean ± t_{(1+level)/2, n−1} · s / √n, s the sample std.
+    """
+    from scipy.stats import t as student_t
+
+    n = len(values)
+    if n < 2:
+        raise ValueError("a t interval needs at least two values")
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(student_t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_differences(treated: Sequence[Mapping[str, Any]], control: Sequence[Mapping[str, Any]],
+                       columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:
+    """Per column, the per-seed differences treated − control (rows paired by `seed`), their mean
+    and 95 % t interval (`low`, `high`: None with fewer than two seeds)."""
+    by_seed = {r["seed"]: r for r in control}
+    out = {}
+    for column in columns:
+        diffs = [r[column] - by_seed[r["seed"]][column] for r in treated
+                 if r["seed"] in by_seed and r.get(column) is not None
+                 and by_seed[r["seed"]].get(column) is not None]
+        if not diffs:
+            continue
+        mean, low, high = t_interval(diffs) if len(diffs) > 1 else (diffs[0], None, None)
+        out[column] = {"per_seed": diffs, "mean": mean, "low": low, "high": high}
+    return out
+
+
+def paired_table(diffs: Mapping[str, Mapping[str, Any]]) -> str:
+    """The Markdown table of `paired_differences`: per column the per-seed values, mean and 95 % interval."""
+    out = ["| column | per seed | mean | 95 % interval |", "|---|---|---|---|"]
+    for column, d in diffs.items():
+        fmt = "{:+.2f}" if column.startswith("lines") else "{:+.1f}"
+        interval = "–" if d["low"] is None else f"[{fmt.format(d['low'])}, {fmt.format(d['high'])}]"
+        out.append(f"| {HEADS[column]} | " + ", ".join(fmt.format(x) for x in d["per_seed"])
+                   + f" | {fmt.format(d['mean'])} | {interval} |")
+    return "\n".join(out)
 
 
 def coupling(scores: Sequence[Any]) -> dict[str, float | None]:
@@ -89,15 +146,18 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
 
 
+HEADS = {"pass": "pass %", "precision": "precision %", "recall": "recall %", "lines": "lines",
+         "lines_pass": "lines (passing)", "noop": "no-op %", "damage": "damage %"}
+
+
 def summary_table(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """The Markdown table: one row per method, `mean ± std` per column."""
-    head = "| method | pass % | precision % | recall % | lines | no-op % | damage % |"
-    out = [head, "|---|---|---|---|---|---|---|"]
+    """The Markdown table: one row per method, `mean ± std` per column (a column older results lack: –)."""
+    out = ["| method | " + " | ".join(HEADS[c] for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for name, rows in methods.items():
         cells = []
         for column in COLUMNS:
-            mean, std = mean_std([r[column] for r in rows])
-            fmt = "{:.2f}" if column == "lines" else "{:.1f}"
+            mean, std = mean_std([r.get(column) for r in rows])
+            fmt = "{:.2f}" if column.startswith("lines") else "{:.1f}"
             cells.append("–" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}")
         out.append(f"| {NAMES.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -111,8 +171,8 @@ def target_check(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tup
     """
     if "grpo" not in methods or "precisecoder" not in methods:
         return []
-    g = {c: mean_std([r[c] for r in methods["grpo"]])[0] for c in COLUMNS}
-    p = {c: mean_std([r[c] for r in methods["precisecoder"]])[0] for c in COLUMNS}
+    g = {c: mean_std([r.get(c) for r in methods["grpo"]])[0] for c in COLUMNS}
+    p = {c: mean_std([r.get(c) for r in methods["precisecoder"]])[0] for c in COLUMNS}
     if any(v is None for v in (g["lines"], p["lines"], g["precision"], p["precision"], g["pass"], p["pass"])):
         return []
     return [
@@ -172,30 +232,37 @@ def plot_curves(path: str | os.PathLike, curves: Mapping[str, Sequence[Mapping[s
 def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
                     greedy: Mapping[str, Sequence[Mapping[str, Any]]], seeds: int, seconds: float,
                     load: Sequence[float], command: str, cpu_seconds: float,
-                    couplings: Mapping[str, Sequence[Mapping[str, float | None]]] | None = None) -> str:
-    """report.md: the tables under T = 1 sampling and greedy decoding, the coupling table, the target check."""
+                    couplings: Mapping[str, Sequence[Mapping[str, float | None]]] | None = None, *,
+                    main: str = "T = 1 sampling",
+                    beside: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]] | None = None,
+                    bases: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]] = ()) -> str:
+    """report.md: the main table (`main` decoding), each table of `beside` and greedy decoding, the
+    per-seed paired differences PreciseCoder − GRPO, the coupling table, the target check, and one
+    row per further base (`bases`: its methods' rows under the main decoding) for robustness."""
     lines = [
         "# precisecoder demo",
         "",
-        f"Command: `{command}`. {seeds} seed(s), {seconds / 60:.1f} min wall clock, "
+        f"Command: `{command}`. {seeds} RL seed(s) per method from one SFT base, {seconds / 60:.1f} min wall clock, "
         f"{cpu_seconds / 60:.1f} min of CPU time (load average at start {load[0]:.1f}).",
         "",
-        "Held-out buggy tasks: pass, precision, recall, edited lines (mean over valid answers). "
-        "Held-out clean tasks (GT Debug): no-op and damage. Mean ± std over seeds; one sample per task.",
+        "Held-out buggy tasks: pass, precision, recall, edited lines (mean over valid answers; "
+        "\"passing\": over passing answers only). Held-out clean tasks (GT Debug): no-op and damage. "
+        "Mean ± std over RL seeds (the base: one model); one sample per task.",
         "",
         HISTORY,
         "",
-        "## T = 1 sampling",
+        f"## {main} (the main table)",
         "",
         summary_table(methods),
         "",
-        "## Greedy decoding",
-        "",
-        summary_table(greedy),
-        "",
     ]
+    for label, table in {**(beside or {}), "Greedy decoding": greedy}.items():
+        lines += [f"## {label}", "", summary_table(table), ""]
+    if "grpo" in methods and "precisecoder" in methods:
+        lines += [f"## PreciseCoder − GRPO per RL seed ({main}; mean and 95 % t interval over seeds)", "",
+                  paired_table(paired_differences(methods["precisecoder"], methods["grpo"])), ""]
     if couplings:
-        lines += ["## Does over-editing help to pass? (T = 1, held-out buggy tasks, mean over seeds)", "",
+        lines += [f"## Does over-editing help to pass? ({main}, held-out buggy tasks, mean over seeds)", "",
                   "| method | answers editing ≥ 2 lines | pass % of those | pass % of answers editing ≤ 1 line |",
                   "|---|---|---|---|"]
         for name, rows in couplings.items():
@@ -203,11 +270,19 @@ def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
             lines.append(f"| {NAMES.get(name, name)} | " + " | ".join("–" if c is None else f"{c:.1f} %"
                                                                           for c in cells) + " |")
         lines.append("")
-    lines += ["## The paper's claim at micro scale (T = 1, means over seeds)", ""]
+    lines += [f"## The paper's claim at micro scale ({main}, means over seeds)", ""]
     checks = target_check(methods)
     if not checks:
         lines.append("Not checked: the run lacks GRPO or PreciseCoder, or one of them gave no valid answer.")
     for criterion, met, numbers in checks:
         lines.append(f"- {'met' if met else 'NOT met'}: PreciseCoder's {criterion} ({numbers})")
+    if bases:
+        lines += ["", f"## Robustness: further SFT bases ({main}, means over each base's RL seeds)", "",
+                  "| base | method | pass % | precision % | lines | lines (passing) |", "|---|---|---|---|---|---|"]
+        for b, table in enumerate(bases, start=1):
+            for name, rows in table.items():
+                cells = [mean_std([r.get(c) for r in rows])[0] for c in ("pass", "precision", "lines", "lines_pass")]
+                lines.append(f"| {b} | {NAMES.get(name, name)} | " + " | ".join(
+                    "–" if c is None else f"{c:.2f}" if i >= 2 else f"{c:.1f}" for i, c in enumerate(cells)) + " |")
     lines += ["", "Training curves: `curves.png`. Per-seed numbers: `results.json`.", ""]
     return "\n".join(lines)

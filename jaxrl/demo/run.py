@@ -1,14 +1,18 @@
-"""The demo pipeline: SFT base → RL with each method from that base → evaluation → report.
+"""The demo pipeline: one SFT base → N RL seeds of each method from it → evaluation → report.
 
-Per seed, `run_seed` makes the domain's task sets, trains the base policy by
-SFT and saves it as an HF checkpoint, then for every method runs the project's
-trainer (`jaxrl.trainer.train`: the `jax` engine, the sandboxed fleet through
-Grain, the algorithm's advantages, the jitted train step, Orbax checkpoints)
-from that same base with the same seed and number of steps. The final policy is
-restored from the trainer's last checkpoint and evaluated, like the base, with
-`jaxrl.eval.evaluate` on the held-out buggy and clean sets, under T = 1
-sampling and greedy decoding. `run_demo` loops over seeds and writes the
-report (`jaxrl.demo.report`).
+The paper's protocol (docs/demo.md, "Protocol"): `prepare_base` makes the domain's
+task sets, trains the base policy by SFT, keeps the candidate of lowest loss on an
+SFT validation split and saves it as an HF checkpoint; then `run_rl_seed`, for each
+RL seed, runs every method with the project's trainer (`jaxrl.trainer.train`: the
+`jax` engine, the reward pipeline, the algorithm's advantages, the jitted train
+step, Orbax checkpoints) from that same base with the same seed and number of
+steps. Each policy is evaluated with `jaxrl.eval.evaluate` on the held-out buggy
+and clean sets under `DECODINGS` (the main table at the paper's T = 0.6). Every
+run and evaluation shares ONE sandbox fleet, whose verdict cache is seeded with
+what the domain knows (each solution passes, each buggy program fails), and the
+JAX persistent compilation cache under `out/jax_cache`. `--bases K` repeats all of
+it on K − 1 further bases, for a robustness table. `run_demo` writes the report
+(`jaxrl.demo.report`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ from jaxrl.demo.sft import SFTConfig
 
 METHODS = ("grpo", "precisecoder")
 OPTIONAL_METHODS = ("grpo_f1sum", "ea_grpo")
-DECODINGS = {"sampled": 1.0, "greedy": 0.0}
+# name: temperature. The main table is the paper's evaluation temperature (App. B.6: "one sample per
+# task at temperature 0.6"); T = 1 and greedy are reported beside it.
+DECODINGS = {"t0.6": 0.6, "t1": 1.0, "greedy": 0.0}
+MAIN = "t0.6"
+LABELS = {"t0.6": "T = 0.6 sampling", "t1": "T = 1 sampling", "greedy": "Greedy decoding"}
 CURVE_KEYS = (("rollout/pass", "pass rate (training rollouts)"),
               ("rollout/edited_lines", "edited lines (valid rollouts)"),
               ("rollout/precision", "precision"), ("rollout/noop", "no-op rate"))
@@ -40,16 +48,19 @@ class DemoConfig:
     """Everything one demo run depends on.
 
     Attributes:
-        seeds: seeds 0 .. seeds − 1, each with its own tasks, base policy and RL runs.
+        seeds: RL seeds 0 .. seeds − 1 of every method, all from the same SFT base.
+        bases: SFT bases 0 .. bases − 1 (each its own tasks and SFT seed); base 0 is the main
+            table, the others a robustness table.
         methods: RL algorithms (names of `jaxrl.algorithms.algorithm_names()`), each from the same base.
         baselines: supervised baselines from the same base (`jaxrl.demo.baselines.BASELINES`), off by default.
         baseline: their settings.
         domain: the generator's sizes and probabilities.
-        sft_tasks, train_tasks, test_tasks, clean_tasks: task counts of the four disjoint sets.
+        sft_tasks, train_tasks, test_tasks, clean_tasks, sft_val_tasks: task counts of the five
+            disjoint sets (the SFT validation pairs choose the base; `SFTConfig.select_every`).
         hidden, layers, heads: the policy's shape (`jaxrl.demo.policy`).
         sft: the SFT run.
         rl_steps: RL steps per method.
-        tasks_per_step, group_size: N tasks × G rollouts per RL step.
+        tasks_per_step, group_size: N tasks × G rollouts per RL step (the paper's G = 6, 96 rollouts).
         learning_rate: RL learning rate (constant, AdamW).
         kl_coef: weight of the KL term to the base policy (0 turns it off).
         max_tokens: completion budget; an answer takes about 60 tokens (73 at most).
@@ -58,6 +69,7 @@ class DemoConfig:
     """
 
     seeds: int = 1
+    bases: int = 1
     methods: tuple[str, ...] = METHODS
     baselines: tuple[str, ...] = ()
     baseline: BaselineConfig = BaselineConfig()
@@ -66,13 +78,14 @@ class DemoConfig:
     train_tasks: int = 1000
     test_tasks: int = 200
     clean_tasks: int = 100
+    sft_val_tasks: int = 200
     hidden: int = 64
     layers: int = 2
     heads: int = 4
     sft: SFTConfig = SFTConfig()
-    rl_steps: int = 45
-    tasks_per_step: int = 12
-    group_size: int = 8
+    rl_steps: int = 90
+    tasks_per_step: int = 16
+    group_size: int = 6
     learning_rate: float = 3e-4
     kl_coef: float = 0.0
     max_tokens: int = 80
@@ -87,9 +100,9 @@ class DemoConfig:
             raise ValueError(f"baselines must be among {', '.join(BASELINES)}, got {list(self.baselines)}")
         if self.thinking and self.baselines:
             raise ValueError("--thinking and the supervised baselines (--with rs_sft,dpo,recap) do not run together yet")
-        if self.seeds < 1 or self.rl_steps < 1:
-            raise ValueError("seeds and rl_steps must be >= 1")
-        if min(self.sft_tasks, self.train_tasks, self.test_tasks, self.clean_tasks) < 1:
+        if self.seeds < 1 or self.bases < 1 or self.rl_steps < 1:
+            raise ValueError("seeds, bases and rl_steps must be >= 1")
+        if min(self.sft_tasks, self.train_tasks, self.test_tasks, self.clean_tasks, self.sft_val_tasks) < 1:
             raise ValueError("every task set needs at least one task")
         if self.group_size < 2 or self.tasks_per_step < 1:
             raise ValueError("group_size must be >= 2 and tasks_per_step >= 1")
@@ -103,10 +116,11 @@ def _stderr(line: str) -> None:
 
 
 def make_data(cfg: DemoConfig, seed: int, out: Path) -> domain.Splits:
-    """The seed's four task sets, written as task JSONL under `out` (train, test, clean)."""
+    """The base's task sets, those RL and evaluation read written as task JSONL under `out` (train, test, clean)."""
     from reward.schema import write_tasks
 
-    splits = domain.make_splits(seed, cfg.sft_tasks, cfg.train_tasks, cfg.test_tasks, cfg.clean_tasks, cfg.domain)
+    splits = domain.make_splits(seed, cfg.sft_tasks, cfg.train_tasks, cfg.test_tasks, cfg.clean_tasks, cfg.domain,
+                                cfg.sft_val_tasks)
     out.mkdir(parents=True, exist_ok=True)
     for name, samples in (("train", splits.train), ("test", splits.test), ("clean", splits.clean)):
         write_tasks(out / f"{name}.jsonl", domain.iter_tasks(samples))
@@ -116,8 +130,11 @@ def make_data(cfg: DemoConfig, seed: int, out: Path) -> domain.Splits:
 def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, progress: bool) -> dict[str, Any]:
     """SFT from a random initialisation; the base is saved as an HF checkpoint in `out`.
 
+    The saved base is the candidate of lowest loss on the SFT validation pairs
+    (`jaxrl.demo.sft.train_sft_best`), a criterion fixed before any run.
+
     Returns:
-        the SFT record: losses, seconds, the share of targets that over-edit.
+        the SFT record: losses, seconds, the share of targets that over-edit, the selection.
     """
     import models
     from jaxrl.demo import sft
@@ -127,6 +144,8 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     tok = demo_thinking.tokenizer(cfg.thinking)
     pairs, shares = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed, cfg.sft.miss_share, cfg.thinking)
     tokens, mask = sft.encode_pairs(tok, pairs)
+    val_tokens, val_mask = sft.encode_pairs(tok, sft.sft_pairs(splits.sft_val, cfg.sft.rewrite_share, seed + 1,
+                                                                cfg.sft.miss_share, cfg.thinking)[0])
     model = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), seed)
     bar = tqdm(total=cfg.sft.steps, desc=f"seed {seed} SFT", unit="step", disable=not progress, dynamic_ncols=True)
 
@@ -136,12 +155,13 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
             bar.set_postfix(loss=f"{loss:.3f}")
 
     start = time.perf_counter()
-    losses = sft.train_sft(model, tokens, mask, cfg.sft, seed, on_step)
+    losses, selection = sft.train_sft_best(model, tokens, mask, val_tokens, val_mask, cfg.sft, seed, on_step)
     seconds = time.perf_counter() - start
     bar.close()
     models.save_pretrained(model, out)
     tok.save_pretrained(out)
-    record = {"losses": losses, "seconds": seconds, "target_shares": shares, "pairs": len(pairs)}
+    record = {"losses": losses, "seconds": seconds, "target_shares": shares, "pairs": len(pairs),
+              "selection": selection}
     (out / "sft.json").write_text(json.dumps(record) + "\n")
     return record
 
@@ -195,85 +215,155 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
     return results
 
 
-def run_seed(cfg: DemoConfig, seed: int, out: Path, fleet: Any, progress: bool = True,
-             log: Log = _stderr) -> dict[str, Any]:
-    """One seed: data, SFT base, its evaluation, and each method's RL run and evaluation.
+def known_verdicts(tasks: Sequence[Any], limits: Any, passed: Any, failed: Any) -> list[tuple[Any, Any]]:
+    """(job, verdict) of what the domain guarantees: each task's solution passes, each buggy program fails.
 
-    Work already in `out` is reused: a saved base, finished RL runs (an unfinished one
-    resumes from its last checkpoint), evaluations (resumed from their predictions).
+    The jobs are the scorer's (`reward.score.canonical_job` under the task's limits), so a
+    rollout whose program is exactly one of them is answered from the fleet's cache.
+    `passed` and `failed` are the verdicts to store (real runs of one task, whose
+    duration stands in for all: the scorer sizes its window timeouts by it).
+    tests/test_demo_domain.py checks the guarantee on the fleet.
+    """
+    from reward.score import canonical_job, limits_for
+
+    out = []
+    for task in tasks:
+        out.append((canonical_job(task.solution, task.tests, limits_for(task, limits)), passed))
+        if task.buggy_code != task.solution:
+            out.append((canonical_job(task.buggy_code, task.tests, limits_for(task, limits)), failed))
+    return out
+
+
+def seed_fleet(fleet: Any, tasks: Sequence[Any], timeout_s: float) -> int:
+    """Seed the fleet's verdict cache with `known_verdicts` of `tasks`; returns how many were added.
+
+    One buggy task's solution and buggy program are run for real first; their verdicts
+    (with the program's own output cleared) are stored for every task.
+    """
+    from reward.sandbox import Limits
+    from reward.score import canonical_job, limits_for
+
+    limits = Limits(timeout_s=timeout_s)
+    probe = next((t for t in tasks if t.buggy_code != t.solution), None)
+    if probe is None:
+        return 0
+    lim = limits_for(probe, limits)
+    passed, failed = fleet.run([canonical_job(probe.solution, probe.tests, lim),
+                                canonical_job(probe.buggy_code, probe.tests, lim)])
+    if not passed.passed or failed.passed or failed.status != "fail":
+        raise RuntimeError(f"demo task {probe.task_id}: its solution must pass and its buggy code fail "
+                           f"(got {passed.status}, {failed.status})")
+    clear = {"stdout": "", "stderr": "", "cached": False}
+    return fleet.seed(known_verdicts(tasks, limits, dataclasses.replace(passed, **clear),
+                                     dataclasses.replace(failed, **clear)))
+
+
+def home_of(out: Path, base: int) -> Path:
+    """The directory of base `base`: `out` itself for base 0 (the main table), `out/base{b}` otherwise."""
+    return out if base == 0 else out / f"base{base}"
+
+
+def prepare_base(cfg: DemoConfig, base: int, home: Path, fleet: Any, progress: bool = True,
+                 log: Log = _stderr) -> dict[str, Any]:
+    """Base `base`: its task sets (seed `base`), the selected SFT base, its seeded verdicts and its evaluation.
+
+    A saved base and finished evaluations in `home` are reused.
 
     Returns:
-        `{"rows": {method: {decoding: results row}}, "curves": {method: [...]}, "timing": {...},
-        "coupling": {method: rep.coupling(...)}, "sft": {...}}`.
+        `{"splits", "held_out", "sft", "rows": {decoding: row}, "coupling", "timing", "seeded"}`.
     """
     import models
+
+    timing: dict[str, float] = {}
+    start = time.perf_counter()
+    data = home / "data"
+    splits = make_data(cfg, base, data)
+    held_out = [s.task for s in splits.test + splits.clean]
+    timing["data_s"] = time.perf_counter() - start
+    t = time.perf_counter()
+    from jaxrl.config import RewardConfig
+
+    seeded = seed_fleet(fleet, [s.task for s in splits.train] + held_out, RewardConfig().timeout_s)
+    timing["seed_fleet_s"] = time.perf_counter() - t
+
+    base_dir = home / "base"
+    if (base_dir / "sft.json").is_file():
+        sft_record = json.loads((base_dir / "sft.json").read_text())
+        log(f"[base {base}] SFT base: reusing {base_dir}")
+    else:
+        log(f"[base {base}] SFT base: {len(splits.sft)} pairs, {cfg.sft.rewrite_share:.0%} rewrite targets, "
+            f"{cfg.sft.miss_share:.0%} of the others missing the bug; the candidate of lowest loss on "
+            f"{len(splits.sft_val)} validation pairs is kept")
+        sft_record = train_base(cfg, base, splits, base_dir, progress)
+    timing["sft_s"] = sft_record["seconds"]
+    chosen = sft_record["selection"]
+    log(f"[base {base}] SFT loss {sft_record['losses'][0]:.3f} -> {sft_record['losses'][-1]:.3f} "
+        f"in {sft_record['seconds']:.0f} s; kept step {chosen['step']} (validation loss {chosen['val_loss']:.4f})")
+
+    t = time.perf_counter()
+    evals = evaluate_policy(models.from_pretrained(base_dir), cfg, 0, held_out, fleet, home / "eval" / "base",
+                            progress, demo_thinking.EVAL_SAMPLES if cfg.thinking else 1)
+    rows = {k: rep.row_of(r.summary, 0, r.scores) for k, r in evals.items()}
+    timing["eval_base_s"] = time.perf_counter() - t
+    log(f"[base {base}] base: {_brief(rows)}")
+    return {"splits": splits, "held_out": held_out, "sft": {k: v for k, v in sft_record.items() if k != "losses"},
+            "rows": rows, "coupling": rep.coupling(evals[MAIN].scores), "timing": timing, "seeded": seeded}
+
+
+def run_rl_seed(cfg: DemoConfig, base: int, seed: int, home: Path, splits: Any, fleet: Any,
+                progress: bool = True, log: Log = _stderr) -> dict[str, Any]:
+    """RL seed `seed` of every method (and `cfg.baselines`) from base `base` (in `home`, with its task
+    sets `splits`), each run then evaluated.
+
+    Finished RL runs are reused, an unfinished one resumes from its last checkpoint,
+    evaluations resume from their predictions.
+
+    Returns:
+        `{"rows": {method: {decoding: row}}, "curves": {method: [...]}, "timing": {...},
+        "coupling": {method: rep.coupling(...)}}`.
+    """
     from jaxrl.metrics import read_metrics
     from jaxrl.preflight import has_checkpoint
     from jaxrl.saved_run import load_policy
     from jaxrl.trainer import train
 
-    timing: dict[str, float] = {}
-    start = time.perf_counter()
-    data = out / "data"
-    splits = make_data(cfg, seed, data)
+    out = home / f"seed{seed}"
     held_out = [s.task for s in splits.test + splits.clean]
-    timing["data_s"] = time.perf_counter() - start
-
-    base_dir = out / "base"
-    if (base_dir / "sft.json").is_file():
-        sft_record = json.loads((base_dir / "sft.json").read_text())
-        log(f"[seed {seed}] SFT base: reusing {base_dir}")
-    else:
-        log(f"[seed {seed}] SFT base: {len(splits.sft)} pairs, {cfg.sft.rewrite_share:.0%} rewrite targets, "
-            f"{cfg.sft.miss_share:.0%} of the others missing the bug")
-        sft_record = train_base(cfg, seed, splits, base_dir, progress)
-    timing["sft_s"] = sft_record["seconds"]
-    log(f"[seed {seed}] SFT loss {sft_record['losses'][0]:.3f} -> {sft_record['losses'][-1]:.3f} "
-        f"in {sft_record['seconds']:.0f} s")
-
+    samples = demo_thinking.EVAL_SAMPLES if cfg.thinking else 1
     rows: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, float]]] = {}
-    t = time.perf_counter()
-    base = models.from_pretrained(base_dir)
-    samples = demo_thinking.EVAL_SAMPLES if cfg.thinking else 1
-    evals = evaluate_policy(base, cfg, seed, held_out, fleet, out / "eval" / "base", progress, samples)
-    rows["base"] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
-    couplings = {"base": rep.coupling(evals["sampled"].scores)}
-    timing["eval_base_s"] = time.perf_counter() - t
-    log(f"[seed {seed}] base: {_brief(rows['base'])}")
-
+    couplings: dict[str, Any] = {}
+    timing: dict[str, float] = {}
     for method in cfg.methods:
         t = time.perf_counter()
         run_dir = out / "rl" / method
-        run_cfg = rl_config(cfg, seed, method, base_dir, data, run_dir, progress)
+        run_cfg = rl_config(cfg, seed, method, home / "base", home / "data", run_dir, progress)
         if _finished(run_dir, cfg.rl_steps):
-            log(f"[seed {seed}] RL {method}: reusing the finished run in {run_dir}")
+            log(f"[base {base} seed {seed}] RL {method}: reusing the finished run in {run_dir}")
         else:
-            log(f"[seed {seed}] RL {method}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
+            log(f"[base {base} seed {seed}] RL {method}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
                 f"G = {cfg.group_size}")
-            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=demo_thinking.tokenizer(cfg.thinking))
+            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=demo_thinking.tokenizer(cfg.thinking), fleet=fleet)
         timing[f"rl_{method}_s"] = time.perf_counter() - t
         curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
         policy, _, step = load_policy(run_dir)  # on the trainer's mesh: fsdp over every device
         evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress, samples)
-        rows[method] = {k: rep.row_of(r.summary, seed) for k, r in evals.items()}
-        couplings[method] = rep.coupling(evals["sampled"].scores)
+        rows[method] = {k: rep.row_of(r.summary, seed, r.scores) for k, r in evals.items()}
+        couplings[method] = rep.coupling(evals[MAIN].scores)
         timing[f"eval_{method}_s"] = time.perf_counter() - t
-        log(f"[seed {seed}] {method} (step {step}): {_brief(rows[method])}")
+        log(f"[base {base} seed {seed}] {method} (step {step}): {_brief(rows[method])}")
     if cfg.baselines:
         from jaxrl.demo import baselines
 
-        done = baselines.run_baselines(cfg, seed, splits, base_dir, out / "baselines", fleet,
-                                       rl_config(cfg, seed, "grpo", base_dir, data, out, progress),
+        done = baselines.run_baselines(cfg, seed, splits, home / "base", home / "eval" / "base", out / "baselines",
+                                       fleet, rl_config(cfg, seed, "grpo", home / "base", home / "data", out, progress),
                                        evaluate_policy, progress, log)
         more = baselines.summarize(done, seed, rep.row_of, rep.coupling)
         rows, couplings, timing = rows | more[0], couplings | more[1], timing | more[2]
         for name in cfg.baselines:
-            log(f"[seed {seed}] {name}: {_brief(rows[name])}")
-    timing["total_s"] = time.perf_counter() - start
-    return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings,
-            "sft": {k: v for k, v in sft_record.items() if k != "losses"}}
+            log(f"[base {base} seed {seed}] {name}: {_brief(rows[name])}")
+    return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings}
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
@@ -283,17 +373,17 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 
 def _brief(row: dict[str, dict[str, Any]]) -> str:
-    r = row["sampled"]
+    r = row[MAIN]
 
     def f(x, spec):
         return "–" if x is None else format(x, spec)
 
     return (f"pass {f(r['pass'], '.1f')}%, precision {f(r['precision'], '.1f')}%, lines {f(r['lines'], '.2f')}, "
-            f"no-op {f(r['noop'], '.1f')}% (T = 1)")
+            f"no-op {f(r['noop'], '.1f')}% ({LABELS[MAIN]})")
 
 
 # Settings that may change when a run is resumed: more seeds or methods only add work.
-RESUMABLE = ("seeds", "methods", "baselines")
+RESUMABLE = ("seeds", "bases", "methods", "baselines")
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -320,9 +410,20 @@ def check_resume(cfg: DemoConfig, out: Path) -> None:
                          + "); resume with the same options or choose another --out")
 
 
+def use_compilation_cache(path: Path) -> None:
+    """JAX's persistent compilation cache in `path`: every RL run, seed and evaluation of the demo
+    (and a resumed run) compiles the same train step, prefill and decode shapes once."""
+    import jax
+
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log = _stderr,
              command: str = "precisecoder demo") -> dict[str, Any]:
-    """All seeds, then results.json, report.md and curves.png in `out`; returns the results object.
+    """Every base and RL seed, then results.json, report.md and curves.png in `out`; returns the results object.
 
     Raises ValueError (before any work) if `out` holds a run made with other settings.
     """
@@ -336,31 +437,49 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     check_resume(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(_plain(cfg), indent=1) + "\n")
+    use_compilation_cache(out / "jax_cache")
     load = os.getloadavg()
     devices = jax.devices()
     split = "; batches are split over them" if len(devices) > 1 else ""
     log(f"JAX: {len(devices)} {devices[0].platform} device(s){split}")
-    per_seed = []
-    start = time.perf_counter()
-    with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:
-        for seed in range(cfg.seeds):
-            per_seed.append(run_seed(cfg, seed, out / f"seed{seed}", fleet, progress, log))
+    bases, start = [], time.perf_counter()
+    with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:  # one fleet, one verdict cache, for everything
+        for b in range(cfg.bases):
+            home = home_of(out, b)
+            prepared = prepare_base(cfg, b, home, fleet, progress, log)
+            seeds = [run_rl_seed(cfg, b, s, home, prepared["splits"], fleet, progress, log)
+                     for s in range(cfg.seeds)]
+            bases.append((prepared, seeds))
+        fleet_stats = dataclasses.asdict(fleet.stats)
     seconds = time.perf_counter() - start
     end_load = os.getloadavg()
-    names = ("base", *cfg.methods, *cfg.baselines)
-    methods = {m: [s["rows"][m]["sampled"] for s in per_seed] for m in names}
-    greedy = {m: [s["rows"][m]["greedy"] for s in per_seed] for m in names}
-    couplings = {m: [s["coupling"][m] for s in per_seed] for m in names}
-    extra = {"greedy": greedy, "coupling": couplings, "sft": [s["sft"] for s in per_seed],
-             "timing": [s["timing"] for s in per_seed], "seconds": seconds, "cpu_seconds": _cpu_seconds(),
+
+    def table(prepared: dict[str, Any], seeds: list[dict[str, Any]], decoding: str) -> dict[str, list]:
+        return {"base": [prepared["rows"][decoding]],
+                **{m: [s["rows"][m][decoding] for s in seeds] for m in (*cfg.methods, *cfg.baselines)}}
+
+    prepared, per_seed = bases[0]
+    tables = {d: table(prepared, per_seed, d) for d in DECODINGS}
+    couplings = {"base": [prepared["coupling"]], **{m: [s["coupling"][m] for s in per_seed] for m in (*cfg.methods, *cfg.baselines)}}
+    methods = tables[MAIN]
+    paired = rep.paired_differences(methods["precisecoder"], methods["grpo"]) \
+        if "grpo" in methods and "precisecoder" in methods else {}
+    further = [table(p, s, MAIN) for p, s in bases[1:]]
+    extra = {"main_decoding": {"name": MAIN, "temperature": DECODINGS[MAIN]},
+             **{d: t for d, t in tables.items() if d != MAIN}, "paired_differences": paired,
+             "coupling": couplings, "sft": prepared["sft"], "bases": further,
+             "timing": {"base": prepared["timing"], "seeds": [s["timing"] for s in per_seed],
+                        "further_bases": [[p["timing"], *[s["timing"] for s in ss]] for p, ss in bases[1:]]},
+             "fleet": fleet_stats, "seconds": seconds, "cpu_seconds": _cpu_seconds(),
              "load_average_at_start": load, "load_average_at_end": end_load, "jax_devices": len(devices),
-             "config": _plain(cfg),
-             "command": command}
+             "config": _plain(cfg), "command": command}
     rep.write_results(out / "results.json", methods, extra)
     curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in cfg.methods}
     rep.plot_curves(out / "curves.png", curves, CURVE_KEYS)
-    (out / "report.md").write_text(rep.report_markdown(methods, greedy, cfg.seeds, seconds, load, command,
-                                                       extra["cpu_seconds"], couplings), encoding="utf-8")
+    beside = {LABELS[d]: tables[d] for d in DECODINGS if d not in (MAIN, "greedy")}
+    (out / "report.md").write_text(rep.report_markdown(
+        methods, tables["greedy"], cfg.seeds, seconds, load, command, extra["cpu_seconds"], couplings,
+        main=LABELS[MAIN], beside=beside, bases=further), encoding="utf-8")
     return {"methods": methods, **extra}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,9 @@ class SFTConfig:
         warmup_steps: linear warm-up steps.
         rewrite_share: share of targets that are the over-editing rewrite.
         miss_share: share of the other (minimal) targets that miss the bug: the buggy code unchanged.
+        select_every: with a validation set, the candidate bases are the parameters after every
+            `select_every`-th step of the second half of the run and after the last step; the one
+            of lowest validation loss is kept (`train_sft_best`).
     """
 
     steps: int = 1300
@@ -51,10 +55,11 @@ class SFTConfig:
     warmup_steps: int = 30
     rewrite_share: float = 0.7
     miss_share: float = 0.15
+    select_every: int = 100
 
     def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0:
-            raise ValueError("steps, batch_size and learning_rate must be positive")
+        if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0 or self.select_every < 1:
+            raise ValueError("steps, batch_size, learning_rate and select_every must be positive")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError("need 0 <= warmup_steps < steps")
         if not (0 <= self.rewrite_share <= 1 and 0 <= self.miss_share <= 1):
@@ -119,6 +124,12 @@ def data_mesh(batch_size: int, devices: Sequence[jax.Device] | None = None) -> M
     return msh.make_mesh(data=n, fsdp=1, tensor=1, devices=devices[:n])
 
 
+def candidate_steps(cfg: SFTConfig) -> list[int]:
+    """The steps after which a base is a candidate: every `select_every`-th of the second half, and the last."""
+    return sorted({k for k in range(cfg.select_every, cfg.steps, cfg.select_every) if 2 * k >= cfg.steps}
+                  | {cfg.steps})
+
+
 def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
               on_step: Callable[[int, float], None] | None = None,
               devices: Sequence[jax.Device] | None = None) -> list[float]:
@@ -128,6 +139,25 @@ def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, c
     `data_mesh(batch_size, devices)` (parameters replicated): the split changes
     the speed, not the result.
     """
+    return _train(model, tokens_NxT, mask_NxT, cfg, seed, on_step, devices, None)[0]
+
+
+def train_sft_best(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, val_tokens_VxT: np.ndarray,
+                   val_mask_VxT: np.ndarray, cfg: SFTConfig, seed: int,
+                   on_step: Callable[[int, float], None] | None = None,
+                   devices: Sequence[jax.Device] | None = None) -> tuple[list[float], dict[str, Any]]:
+    """`train_sft`, then `model` holds the candidate (`candidate_steps`) of lowest validation loss.
+
+    The criterion is fixed before any run and looks at the SFT validation pairs only,
+    never at the held-out test sets. Returns the training losses and
+    `{"step": chosen step, "val_loss": its loss, "val_losses": {step: loss}}`.
+    """
+    return _train(model, tokens_NxT, mask_NxT, cfg, seed, on_step, devices, (val_tokens_VxT, val_mask_VxT))
+
+
+def _train(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
+           on_step: Callable[[int, float], None] | None, devices: Sequence[jax.Device] | None,
+           val: tuple[np.ndarray, np.ndarray] | None) -> tuple[list[float], dict[str, Any]]:
     tx = make_optimizer(OptimizerConfig(
         learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, schedule="cosine",
         total_steps=cfg.steps, min_lr_ratio=0.1, weight_decay=0.0))
@@ -143,6 +173,11 @@ def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, c
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    val_loss = jax.jit(lambda p, tokens, mask: nll(nnx.merge(graphdef, p, rest), tokens, mask))
+    candidates = set(candidate_steps(cfg)) if val is not None else set()
+    val_batch = jax.device_put(val, replicated) if val is not None else None
+    val_losses: dict[int, float] = {}
+    best = None
     rng = np.random.default_rng(seed)
     n, order, pos, history = len(tokens_NxT), np.arange(0), 0, []
     for i in range(cfg.steps):
@@ -155,5 +190,12 @@ def train_sft(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, c
         history.append(float(loss))
         if on_step is not None:
             on_step(i, history[-1])
+        if i + 1 in candidates:
+            val_losses[i + 1] = float(val_loss(params, *val_batch))
+            if best is None or val_losses[i + 1] < val_losses[best[0]]:
+                best = (i + 1, jax.tree.map(jnp.copy, params))
+    if best is not None:
+        params = best[1]
     nnx.update(model, params)
-    return history
+    selection = {} if best is None else {"step": best[0], "val_loss": val_losses[best[0]], "val_losses": val_losses}
+    return history, selection

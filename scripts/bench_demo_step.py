@@ -1,0 +1,150 @@
+"""Benchmark a demo RL step stage by stage: the earlier setting against today's, in one process.
+
+On one saved demo base (a `precisecoder demo` output directory, or `base{b}` in it:
+`base/` and `data/`), each round runs GRPO then PreciseCoder for --steps steps under
+both settings, alternating, so that machine load hits both alike:
+
+- `old`: 12 tasks × G = 8, each trainer run with its own sandbox fleet (a cold verdict
+  cache), no persistent compilation cache: the demo before the paper's protocol;
+- `new`: 16 tasks × G = 6, both runs on one fleet whose verdict cache is seeded with the
+  domain's known verdicts (`jaxrl.demo.run.seed_fleet`) and shared, as in the demo.
+
+From the trainer's `time/` metrics (the first step, which compiles, left out) it
+prints per setting the median seconds of each stage, its share of the step, the
+step's median and the new/old ratio; the CPU seconds of this process per step (JAX and
+the scorer's Python; the sandbox runs are not in it: their processes are reaped inside the
+sandbox's own pid namespaces), which load inflates far less than wall time; and the
+fleet's runs and cache hits, the fleet's work whatever the load. With --json one object.
+
+    scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STAGES = ("data", "rollout", "reward", "advantages", "update", "push", "save")
+SETTINGS = {"old": {"tasks_per_step": 12, "group_size": 8, "shared": False},
+            "new": {"tasks_per_step": 16, "group_size": 6, "shared": True}}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
+    """GRPO then PreciseCoder for `steps` steps under setting `name`; the per-step records and costs."""
+    import dataclasses
+
+    from jaxrl.config import RewardConfig
+    from jaxrl.demo.run import DemoConfig, rl_config, seed_fleet
+    from jaxrl.demo.tokenizer import load_demo_tokenizer
+    from jaxrl.metrics import read_metrics
+    from jaxrl.tasks import read_tasks
+    from jaxrl.trainer import train
+    from reward.fleet import Fleet
+
+    s = SETTINGS[name]
+    cfg = dataclasses.replace(DemoConfig(), tasks_per_step=s["tasks_per_step"], group_size=s["group_size"],
+                              rl_steps=steps)
+    cpu0 = cpu_seconds()
+    start = time.perf_counter()
+    records, fleets = [], []
+    shared = Fleet(workers=min(2, os.cpu_count() or 1)) if s["shared"] else None
+    if shared is not None:
+        tasks = [*read_tasks(home / "data" / "train.jsonl", "train"), *read_tasks(home / "data" / "test.jsonl", "test"),
+                 *read_tasks(home / "data" / "clean.jsonl", "clean")]
+        seed_fleet(shared, tasks, RewardConfig().timeout_s)
+    try:
+        for method in ("grpo", "precisecoder"):
+            out = scratch / f"{name}-{method}-{time.monotonic_ns()}"
+            fleet = shared or Fleet(workers=min(2, os.cpu_count() or 1))
+            try:
+                train(rl_config(cfg, 0, method, home / "base", home / "data", out, False),
+                      tokenizer=load_demo_tokenizer(), fleet=fleet)
+            finally:
+                fleets.append(dataclasses.asdict(fleet.stats))
+                if fleet is not shared:
+                    fleet.close()
+            records += read_metrics(out / "metrics.jsonl")[1:]  # the first step compiles
+    finally:
+        if shared is not None:
+            shared.close()
+    rollouts = s["tasks_per_step"] * s["group_size"]
+    return {"records": records, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
+            "rollouts_per_step": rollouts,
+            "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Median seconds and share of each stage and of the step, over all records of the setting's runs."""
+    records = [r for run in runs for r in run["records"]]
+    out: dict = {"steps_measured": len(records), "rollouts_per_step": runs[0]["rollouts_per_step"],
+                 "step_s": statistics.median(r["time/step"] for r in records)}
+    out["stage_s"] = {k: statistics.median(r.get(f"time/{k}", 0.0) for r in records) for k in STAGES}
+    out["share"] = {k: statistics.median(r.get(f"share/{k}", 0.0) for r in records) for k in STAGES}
+    out["cpu_s"] = sum(run["cpu_s"] for run in runs)
+    out["wall_s"] = sum(run["wall_s"] for run in runs)
+    total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run
+    out["cpu_s_per_step"] = out["cpu_s"] / total_steps
+    out["fleet"] = {k: sum(run["fleet"][k] for run in runs) for k in runs[0]["fleet"]}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="a demo output directory (its base/ and data/), or base{b} in it")
+    parser.add_argument("--steps", type=int, default=10, help="RL steps per run, the first left out (default 10)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of (old, new) (default 1)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    home = Path(args.base).expanduser()
+    if not (home / "base" / "sft.json").is_file() or not (home / "data" / "train.jsonl").is_file():
+        print(f"bench_demo_step: {home} has no demo base (base/sft.json) and data (data/train.jsonl)", file=sys.stderr)
+        return 2
+    if args.steps < 3 or args.repeats < 1:
+        print("bench_demo_step: --steps must be >= 3 and --repeats >= 1", file=sys.stderr)
+        return 2
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from absl import flags
+
+    flags.FLAGS(sys.argv[:1])
+    load = os.getloadavg()
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="bench_demo_step_") as scratch:
+        for _ in range(args.repeats):
+            for name in ("old", "new"):
+                runs[name].append(run_setting(name, home, args.steps, Path(scratch)))
+    result = {name: summarize(r) for name, r in runs.items()}
+    result["ratio_step_new_over_old"] = result["new"]["step_s"] / result["old"]["step_s"]
+    result["ratio_cpu_per_step_new_over_old"] = result["new"]["cpu_s_per_step"] / result["old"]["cpu_s_per_step"]
+    result |= {"load_average_at_start": load, "load_average_at_end": os.getloadavg(), "base": str(home),
+               "steps": args.steps, "repeats": args.repeats}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"load average {load[0]:.1f} at start, {result['load_average_at_end'][0]:.1f} at end")
+    print("| setting | rollouts | step s | " + " | ".join(STAGES) + " | CPU s a step | test runs | cache hits |")
+    print("|---" * (len(STAGES) + 6) + "|")
+    for name in ("old", "new"):
+        r = result[name]
+        print(f"| {name} | {r['rollouts_per_step']} | {r['step_s']:.2f} | "
+              + " | ".join(f"{r['stage_s'][k]:.2f} ({100 * r['share'][k]:.0f} %)" for k in STAGES)
+              + f" | {r['cpu_s_per_step']:.2f} | {r['fleet']['runs']} | {r['fleet']['cache_hits']} |")
+    print(f"new/old: step {result['ratio_step_new_over_old']:.2f}x, "
+          f"CPU a step {result['ratio_cpu_per_step_new_over_old']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
