@@ -27,7 +27,7 @@ def wait(proc, log):
 
 
 # Three `precisecoder train` processes, each compiling the sampler and the update: 94 s of CPU,
-# 48 s on 2 idle cores (7 min at load average 30 to 40). In the default run, as issue #22 asks.
+# 48 to 57 s on 2 idle cores (7 min at load average 30 to 40). In the default run, as issue #22 asks.
 def test_jax_engine_on_two_hosts_equals_one_host(tmp_path):
     """A random policy earns no reward, so this shows sampling, validation and the update's inputs
     (log-probs, entropy) agreeing; updates from non-zero advantages on two hosts are
