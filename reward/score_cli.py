@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def load_predictions_for(path: str, tasks: dict[str, Task]) -> list[Prediction]:
-    """Load predictions; a malformed record or an unknown task_id is a SchemaError naming its line."""
+def load_predictions_for(path: str, tasks: dict[str, Task], skip_unknown: bool = False) -> list[Prediction]:
+    """Load predictions; a malformed record is a SchemaError naming its line, and so is an unknown
+    task_id unless `skip_unknown` (candidates read from an eval run over more tasks than these)."""
     predictions = []
     for lineno, obj in read_jsonl(path):
         try:
@@ -69,6 +70,8 @@ def load_predictions_for(path: str, tasks: dict[str, Task]) -> list[Prediction]:
         except ValueError as e:
             raise SchemaError(path, lineno, str(e)) from None
         if pred.task_id not in tasks:
+            if skip_unknown:
+                continue
             raise SchemaError(path, lineno, f"prediction for unknown task {pred.task_id!r}")
         predictions.append(pred)
     return predictions

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +22,7 @@ from jaxrl.demo.tokenizer import load_demo_tokenizer
 from jaxrl.eval.evaluate import build_requests
 from jaxrl.eval.protocol import EvalSettings
 from reward.fleet import Fleet
-from reward.schema import write_jsonl
+from reward.schema import task_to_json, write_jsonl
 from reward.score import score_predictions
 
 
@@ -41,9 +44,10 @@ def test_demo_with_parses_baselines_and_refuses_unknown_names():
 def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     cfg = run.DemoConfig(sft_tasks=4, train_tasks=8, test_tasks=4, clean_tasks=2, hidden=32, layers=1, heads=2,
                          baselines=("recap",), baseline=B.BaselineConfig(batch_size=4, recap_epochs=2))
-    splits = run.make_data(cfg, 0, tmp_path / "data")
+    demo = tmp_path / "runs" / "demo"  # a `demo --with recap --out runs/demo` layout, as docs/demo.md uses it
+    splits = run.make_data(cfg, 0, demo / "data")
     tok = load_demo_tokenizer()
-    base_dir = tmp_path / "base"
+    base_dir = demo / "base"
     base = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), 0)
     models.save_pretrained(base, base_dir)
     tok.save_pretrained(base_dir)
@@ -57,8 +61,9 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
         pool = [{"task_id": t.task_id, "sample": i % 3, "text": p.response, "unit": s.unit, "valid": s.valid,
                  "precision": s.precision, "recall": s.recall, "f1": s.f1, "edited_lines": s.edited_lines}
                 for i, ((t, p), s) in enumerate(zip(items, scores))]
-        (tmp_path / "pool").mkdir()
-        write_jsonl(tmp_path / "pool" / "pool.jsonl", pool)
+        pool_dir = demo / "seed0" / "baselines" / "pool"
+        pool_dir.mkdir(parents=True)
+        write_jsonl(pool_dir / "pool.jsonl", pool)
         kinds = {"keep": 0, "trim": 0, "repair": 0}
         for row in pool:
             if row["valid"]:
@@ -66,13 +71,14 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
                 kinds["keep" if passing and row["precision"] == 1 else "trim" if passing else "repair"] += 1
         k = min(kinds["trim"] // 3, kinds["repair"], kinds["keep"])
         assert k >= 1, kinds
-        rows = B.select_rows(tmp_path / "pool", train, (3, 1, 1), 0)["recap"]
+        rows = B.select_rows(pool_dir, train, (3, 1, 1), 0)["recap"]
         assert sorted(r["kind"] for r in rows) == sorted(["trim"] * 3 * k + ["repair"] * k + ["keep"] * k)
         assert all(r["messages"][-1]["content"].count("```python") == 2 for r in rows)  # the code and the candidate
 
         # the refiner trains from the base with the supervised trainer on the demo tokenizer
-        run_cfg = run.rl_config(cfg, 0, "grpo", base_dir, tmp_path / "data", tmp_path / "rl", False)
-        run_dir = B.train_baseline("recap", rows, run_cfg, cfg.baseline, 0, tmp_path / "recap")
+        run_cfg = run.rl_config(cfg, 0, "grpo", base_dir, demo / "data", demo / "seed0" / "rl", False)
+        run_dir = B.train_baseline("recap", rows, run_cfg, cfg.baseline, 0, demo / "seed0" / "baselines" / "recap")
+        assert run_dir == demo / "seed0" / "baselines" / "recap" / "run"
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert len(records) == 2 * (len(rows) // 4) and all(math.isfinite(r["sft/loss"]) for r in records)
 
@@ -80,10 +86,10 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
         held_out = [s.task for s in splits.test + splits.clean]
         answers = {s.task.task_id: answer(s.rewrite()) for s in splits.test + splits.clean}
         for decoding in run.DECODINGS:
-            (tmp_path / "eval" / "base" / decoding).mkdir(parents=True)
-            write_jsonl(tmp_path / "eval" / "base" / decoding / "predictions.jsonl",
+            (demo / "eval" / "base" / decoding).mkdir(parents=True)
+            write_jsonl(demo / "eval" / "base" / decoding / "predictions.jsonl",
                         [{"task_id": tid, "response": text} for tid, text in answers.items()])
-        candidates = B.base_candidates(tmp_path / "eval" / "base", held_out)
+        candidates = B.base_candidates(demo / "eval" / "base", held_out)
         settings = EvalSettings(prompt="refine", thinking_budget=None, enable_thinking=False)
         requests, replaced = build_requests(held_out, settings, tok, candidates[run.MAIN])
         assert replaced == 0
@@ -93,9 +99,32 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
         from jaxrl.saved_run import load_policy
 
         policy, _, _ = load_policy(run_dir)
-        evals = run.evaluate_policy(policy, cfg, 0, held_out, fleet, tmp_path / "eval" / "recap", False,
+        evals = run.evaluate_policy(policy, cfg, 0, held_out, fleet, demo / "seed0" / "eval" / "recap", False,
                                     prompt_name="refine", candidates=candidates)
+        test_only = run.evaluate_policy(policy, cfg, 0, [s.task for s in splits.test], fleet, tmp_path / "test_only",
+                                        False, decodings={run.MAIN: run.DECODINGS[run.MAIN]}, prompt_name="refine",
+                                        candidates=candidates)[run.MAIN]
     for decoding, result in evals.items():
         assert result.summary["settings"]["prompt"] == "refine"
         assert result.summary["refine_candidates_replaced"] == 0
         assert result.summary["tasks"] == len(held_out)
+
+    # the same refiner through the command line exactly as docs/demo.md writes it (from the directory
+    # holding runs/): the answers and scores of the same evaluation in Python
+    command = ("precisecoder eval --refiner runs/demo/seed0/baselines/recap/run --candidates runs/demo/eval/base/t0.6 "
+               "--tasks runs/demo/data/test.jsonl --no-thinking --max-tokens 80 --out runs/demo/eval-cli/recap").split()
+    assert cfg.max_tokens == 80
+    done = subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+
+    def responses(d):
+        return [(r["task_id"], r["response"]) for r in map(json.loads, (d / "predictions.jsonl").open())]
+
+    cli = demo / "eval-cli" / "recap"
+    assert [tid for tid, _ in responses(cli)] == [s.task.task_id for s in splits.test]
+    assert responses(cli) == responses(tmp_path / "test_only" / run.MAIN)
+    summary = json.loads((cli / "summary.json").read_text())
+    assert summary["settings"]["prompt"] == "refine" and summary["refine_candidates_replaced"] == 0
+    assert summary["buggy"] == test_only.summary["buggy"]

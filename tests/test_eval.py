@@ -62,6 +62,24 @@ def test_budgets_and_temperature_follow_the_paper():
         EvalSettings(thinking_budget=6144, max_tokens=6144)
 
 
+def test_no_thinking_drops_the_budgets_not_given():
+    """`--no-thinking` needs no budget (the demo's runs: `--no-thinking --max-tokens 80`); one given is kept."""
+    import argparse
+
+    from jaxrl.eval.cli import add_arguments, settings_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    off = settings_of(parser.parse_args(["--no-thinking", "--max-tokens", "80", "--prompt", "demo"]))
+    assert (off.thinking_budget, off.clean_thinking_budget, off.enable_thinking) == (None, None, False)
+    assert (off.params(clean=True).max_tokens, off.prompt) == (80, "demo")
+    on = settings_of(parser.parse_args(["--prompt", "minimal"]))
+    assert (on.thinking_budget, on.clean_thinking_budget, on.enable_thinking) == (4096, 16384, True)
+    kept = settings_of(parser.parse_args(["--no-thinking", "--thinking-budget", "100", "--max-tokens", "200",
+                                          "--prompt", "minimal"]))
+    assert (kept.thinking_budget, kept.clean_thinking_budget) == (100, None)
+
+
 def test_response_text_keeps_token_text_and_wraps_separate_reasoning():
     c = Completion((1,), (0.0,), "stop", "why\n</think>\n\nok", "why", "\n\nok")
     assert response_text(c) == c.text
@@ -377,3 +395,19 @@ def test_validation_on_several_hosts_samples_equal_batches_and_reports_every_tas
     assert [[len(texts) for texts, _ in e.calls] for e in engines] == [[2, 1], [2, 1]]
     assert all(PAD not in d["task_id"] for obj in payloads.values() for d in obj[0])
     assert metrics[1] == pytest.approx(single)
+
+
+def test_candidates_of_other_tasks_are_skipped_only_when_asked(tmp_path):
+    """`--candidates EVAL_DIR` may come from an eval over more tasks (the demo base's covers test and
+    clean) or `--limit` may cut the tasks: the refiner skips those; `score` still refuses them."""
+    from reward.schema import SchemaError
+    from reward.score_cli import load_predictions_for
+
+    path = tmp_path / "predictions.jsonl"
+    path.write_text("".join(json.dumps({"task_id": tid, "response": "```python\nx = 1\n```"}) + "\n"
+                            for tid in (TASKS[0].task_id, "elsewhere/0", TASKS[1].task_id)))
+    by_id = {t.task_id: t for t in TASKS[:2]}
+    with pytest.raises(SchemaError, match="unknown task 'elsewhere/0'"):
+        load_predictions_for(str(path), by_id)
+    assert [p.task_id for p in load_predictions_for(str(path), by_id, skip_unknown=True)] == \
+        [TASKS[0].task_id, TASKS[1].task_id]

@@ -38,6 +38,7 @@ from reward.schema import SchemaError, load_tasks
 from reward.score_cli import load_predictions_for
 
 ENGINES = ("jax", "sglang", "openai")
+UNSET = object()  # a thinking-budget flag not given (its default depends on --no-thinking)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,10 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
-    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine"),
-                          help=f"the prompt (default {defaults.prompt}; refine with --refiner)")
+    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine", "demo"),
+                          help=f"the prompt (default {defaults.prompt}; refine with --refiner; demo for the "
+                               "runs of `precisecoder demo`, with --no-thinking --max-tokens 80)")
     protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl|EVAL_DIR",
-                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task), "
+                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task; "
+                               "those of tasks not in --tasks are ignored), "
                                "or an eval run directory (its predictions.jsonl: the base's one-shot answers)")
     protocol.add_argument("--samples", type=positive_int, default=defaults.samples, help="samples per task (K)")
     protocol.add_argument("--temperature", type=float, default=defaults.temperature,
@@ -94,13 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "temperature, appendix B.6; training samples at 1.0)")
     protocol.add_argument("--top-p", type=float, default=defaults.top_p)
     protocol.add_argument("--top-k", type=int, default=defaults.top_k)
-    protocol.add_argument("--thinking-budget", type=token_budget, default=defaults.thinking_budget,
-                          help="thinking tokens on buggy tasks ('none': no budget; default 4096)")
+    protocol.add_argument("--thinking-budget", type=token_budget, default=UNSET,
+                          help="thinking tokens on buggy tasks ('none': no budget; default 4096, none with "
+                               "--no-thinking)")
     protocol.add_argument("--max-tokens", type=positive_int, default=defaults.max_tokens,
                           help="completion tokens in total on buggy tasks (default 6144)")
-    protocol.add_argument("--clean-thinking-budget", type=token_budget, default=defaults.clean_thinking_budget,
-                          help="thinking tokens on clean (GT Debug) tasks (default 16384; the answer room "
-                               "max-tokens − thinking-budget is kept)")
+    protocol.add_argument("--clean-thinking-budget", type=token_budget, default=UNSET,
+                          help="thinking tokens on clean (GT Debug) tasks (default 16384, none with --no-thinking; "
+                               "the answer room max-tokens − thinking-budget is kept)")
     protocol.add_argument("--no-thinking", action="store_true", help="render prompts with thinking off")
     protocol.add_argument("--seed", type=int, default=defaults.seed)
     protocol.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=defaults.lam,
@@ -137,10 +141,20 @@ class UsageError(ValueError):
 
 
 def settings_of(args: argparse.Namespace) -> EvalSettings:
+    """The protocol's settings from the flags; with --no-thinking, the thinking budgets not given are none."""
+    defaults = EvalSettings()
+
+    def budget(given: Any, default: int | None) -> int | None:
+        if given is not UNSET:
+            return given
+        return None if args.no_thinking else default
+
     try:
         return EvalSettings(prompt=args.prompt, samples=args.samples, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, thinking_budget=args.thinking_budget, max_tokens=args.max_tokens,
-                            clean_thinking_budget=args.clean_thinking_budget, enable_thinking=not args.no_thinking,
+                            top_k=args.top_k, thinking_budget=budget(args.thinking_budget, defaults.thinking_budget),
+                            max_tokens=args.max_tokens,
+                            clean_thinking_budget=budget(args.clean_thinking_budget, defaults.clean_thinking_budget),
+                            enable_thinking=not args.no_thinking,
                             seed=args.seed, lam=args.lam, epsilon=args.epsilon, timeout_s=args.timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -282,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
         if args.candidates:
             by_id = {t.task_id: t for t in tasks}
             candidates = {}
-            for pred in load_predictions_for(candidates_file(args.candidates), by_id):
+            for pred in load_predictions_for(candidates_file(args.candidates), by_id, skip_unknown=True):
                 candidates.setdefault(pred.task_id, pred)
     except (UsageError, SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
