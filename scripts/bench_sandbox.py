@@ -25,8 +25,14 @@ and prints the median rate of each and the per-run cost of each protection in
 milliseconds of wall time per run (over all workers), and in CPU milliseconds per
 run where the CPU meter works.
 
+With `--floor`, it instead sets HumanEval runs beside runs with no work in them (a
+one-line function, empty tests) through the fleet, through the fleet with the tests
+in the run process (`inprocess`: no judge, one process per run) and through the naive
+harness: what a run costs before the program and its tests do anything.
+
     python scripts/bench_sandbox.py --n 328 [--workers 2] [--json] [--breakdown]
     python scripts/bench_sandbox.py --costs --n 328 --rounds 3 [--workers 2] [--json]
+    python scripts/bench_sandbox.py --floor --n 328 --rounds 3 [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -228,6 +234,29 @@ def breakdown(n: int, cpu=None) -> dict[str, float]:
     return out
 
 
+def trivial_jobs(n: int, mode: str = "proxy") -> list[Job]:
+    """N runs of a one-line function with empty tests: what a run costs before any program or test work."""
+    return [Job(f"def f(x):\n    return x + {i}\n", AssertTests("pass\n", mode=mode), Limits(timeout_s=10))
+            for i in range(n)]
+
+
+def floor(n: int, workers: int, rounds: int, cpu=None) -> dict:
+    """Median runs/s and CPU ms per run of HumanEval runs against runs with no work in them, through the
+    fleet (tests in the judge), through the fleet with the tests in the run process (`inprocess`: no
+    judge, one process per run) and through the naive harness, in interleaved rounds."""
+    kinds = {"humaneval": (humaneval_jobs(n), fleet_rate), "trivial": (trivial_jobs(n), fleet_rate),
+             "trivial_inprocess": (trivial_jobs(n, "inprocess"), fleet_rate),
+             "naive_humaneval": (humaneval_jobs(n), naive_rate), "naive_trivial": (trivial_jobs(n), naive_rate)}
+    got: dict[str, list] = {name: [] for name in kinds}
+    for _ in range(rounds):
+        for name, (jobs, rate) in kinds.items():
+            got[name].append(rate(jobs, workers, cpu)[:2])
+    out = {"runs_per_s": {k: round(statistics.median(r for r, _ in v), 1) for k, v in got.items()}}
+    if cpu is not None:
+        out["cpu_ms_per_run"] = {k: round(statistics.median(c for _, c in v), 2) for k, v in got.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=328, help="number of runs for each harness (default: 328)")
@@ -236,7 +265,24 @@ def main() -> None:
     parser.add_argument("--costs", action="store_true", help="price the network namespace, CPU bound and seccomp")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --costs (default: 3)")
     parser.add_argument("--breakdown", action="store_true", help="price each protection instead (one worker)")
+    parser.add_argument("--floor", action="store_true",
+                        help="HumanEval runs against runs with no work in them (fleet, fleet without the judge, "
+                             "naive), in --rounds interleaved rounds")
     args = parser.parse_args()
+    if args.floor:
+        load_before = os.getloadavg()[0]
+        with cpu_meter() as cpu:
+            result = floor(args.n, args.workers, args.rounds, cpu)
+        cpu_ms = result.get("cpu_ms_per_run", {})
+        print(f"{'runs':<20} {'runs/s':>8} {'CPU ms/run':>11}")
+        for name, rate in result["runs_per_s"].items():
+            print(f"{name:<20} {rate:>8.1f} {cpu_ms.get(name, float('nan')):>11.2f}")
+        load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+        print(f"{args.workers} workers, {args.rounds} rounds of {args.n} runs; load average {load[0]} before, "
+              f"{load[1]} after")
+        if args.json:
+            print(json.dumps({**result, "workers": args.workers, "load_average": load}))
+        return
     if args.breakdown:
         load_before = os.getloadavg()[0]
         with cpu_meter() as cpu:
