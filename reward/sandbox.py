@@ -53,6 +53,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Literal
 
+from reward import sandbox_direct
 from reward.cgroups import RunCgroup
 from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
@@ -68,7 +69,8 @@ ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_te
                            (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
 # Part of every job's cache key: a verdict cached by other sandbox code is not reused.
-SANDBOX_DIGEST = hashlib.sha256((ZYGOTE_SOURCE + JUDGE_SOURCE).encode()).hexdigest()[:16]
+SANDBOX_DIGEST = hashlib.sha256((ZYGOTE_SOURCE + JUDGE_SOURCE + (_HERE / "sandbox_direct.py").read_text()
+                                 ).encode()).hexdigest()[:16]
 # Real uids handed to sandboxes when running as root (two per live worker). Far above the
 # ranges that systems hand out (users, systemd's dynamic 61184-65519, subuid blocks), so
 # no other process shares a sandbox's uid or its process count.
@@ -542,6 +544,9 @@ class SandboxWorker:
 
     def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True):
         self.isolation = isolation
+        # Plain assert tests (`reward.sandbox_direct.plan_of`) are judged in this process, not a test
+        # process; False sends every proxy run to the judge (to compare the two, or to price it).
+        self.direct = True
         self._program: _Server | None = None
         self._judge: _Server | None = None
         # Two cgroups used in turn: the next run's spare waits in one while a run uses the other,
@@ -648,11 +653,15 @@ class SandboxWorker:
             stdin_fd = _memfd("stdin", stdin.encode("utf-8", "surrogatepass"))
             owned += [stdout_fd, stderr_fd, stdin_fd]
             fds = {"stdin": stdin_fd, "stdout": stdout_fd, "stderr": stderr_fd}
-            judge = None
+            judge = direct = None
+            plan = sandbox_direct.plan_of(job.tests.code) if mode == "proxy" and self.direct else None
             if mode == "proxy":
                 call_program, call_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 owned += [call_program, call_judge]
                 fds["judge"] = call_program.fileno()
+            if plan is not None:
+                direct = (call_judge, plan)  # this process judges: no test process (reward/sandbox_direct.py)
+            elif mode == "proxy":
                 _, judge_sock, _ = self._judge.take()
                 owned.append(judge_sock)
                 judge_pid = _recv_hello(judge_sock)
@@ -668,12 +677,13 @@ class SandboxWorker:
             socket.send_fds(host, [b"F"], list(fds.values()))
             if mode == "proxy":
                 call_program.close()
-                call_judge.close()
+                if direct is None:
+                    call_judge.close()
             try:
                 host.sendall(message)
             except OSError:
                 pass  # it died already: its exit report follows
-            out = self._wait(mode, local_pid, host, pid, pidfd, judge, group, limits.timeout_s)
+            out = self._wait(mode, local_pid, host, pid, pidfd, judge, group, limits.timeout_s, direct)
             out.stdout = _excerpt(stdout_fd)
             out.stderr = _excerpt(stderr_fd)
             if expected is not None:
@@ -701,8 +711,12 @@ class SandboxWorker:
         return pid, group
 
     def _wait(self, mode: str, local_pid: int, host: socket.socket, pid: int, pidfd: int,
-              judge: tuple[socket.socket, int] | None, group: RunCgroup | None, timeout_s: float) -> _Outcome:
-        """Wait for the run's end (and the judge's outcome) or its deadline; kill it at the deadline."""
+              judge: tuple[socket.socket, int] | None, group: RunCgroup | None, timeout_s: float,
+              direct: tuple[socket.socket, sandbox_direct.Plan] | None = None) -> _Outcome:
+        """Wait for the run's end (and the judge's outcome) or its deadline; kill it at the deadline.
+
+        With `direct` (the run's end of the tests' socket and their plan) this process judges first.
+        """
         out = _Outcome()
         sel = selectors.DefaultSelector()
         program, judge_server = self._program, self._judge
@@ -718,6 +732,13 @@ class SandboxWorker:
         start = time.monotonic()
         deadline, killed = start + timeout_s, False
         try:
+            if direct is not None:
+                outcome, detail, late = sandbox_direct.judge(direct[0], direct[1], deadline)
+                out.judge = {"outcome": outcome, "detail": detail}
+                if late or outcome != "pass":
+                    out.timed_out = late
+                    self._kill(pid, pidfd, None, group)
+                    killed, deadline = True, time.monotonic() + GRACE_S
             while True:
                 if local_pid in program.exits and not out.exited:
                     out.exited = True

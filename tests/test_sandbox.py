@@ -601,7 +601,8 @@ from reward.sandbox import Job, Limits
 from reward.schema import AssertTests
 fleet = Fleet(workers=1, cache=False, isolation="bwrap")
 print("ready", flush=True)
-fleet.run([Job("import time\\ntime.sleep(600)\\n", AssertTests("assert True"), Limits(timeout_s=300.0))])
+fleet.run([Job("import time\\ntime.sleep(600)\\n", AssertTests("import math\\nassert True"),  # a test process
+             Limits(timeout_s=300.0))])
 """
 
 
