@@ -437,7 +437,8 @@ def _print_table(out: dict[str, Any]) -> None:
                   f"attention {m['attention']}, remat {m['remat']}"),
         ("rows", f"agent episodes of rollout.agent.max_context = {b['seq']} tokens ({b['agent']['turns']} turns of "
                  f"{out['rollout_tokens']}), not prompt + completion" if b["agent"] else
-                 f"hardware.prompt_tokens + rollout.max_tokens = {b['prompt_tokens']} + {out['rollout_tokens']} tokens"),
+                 f"hardware.prompt_tokens + rollout.max_tokens = {b['prompt_tokens']} + {out['rollout_tokens']} "
+                 "tokens"),
         ("train batch", f"{b['rows']} rows x {b['seq']} tokens, {b['micro_batches']} micro-batch(es)"),
         ("rollout batch", f"{b['rollout_rows']} rows x {b['seq']} slots (prefill: {b['prefill_rows']} prompts of "
                           f"{b['prompt_tokens']} tokens, "

@@ -91,7 +91,8 @@ def validate(engine: Engine, tokenizer: Any, scorer: Any, tasks: Sequence[Task],
     if agent is None:
         result = evaluate(engine, tokenizer, mine, settings, None, scorer=scorer, batch_size=max(len(mine), 1))
     else:
-        result = evaluate_agent(engine, tokenizer, mine, settings, None, AgentSettings(turns=agent.turns, prompt=agent.prompt),
+        protocol = AgentSettings(turns=agent.turns, prompt=agent.prompt)
+        result = evaluate_agent(engine, tokenizer, mine, settings, None, protocol,
                                 scorer=scorer, batch_size=max(len(mine), 1), max_context=agent.max_context)
     kept = [i for i, s in enumerate(result.samples) if PAD not in s.task_id]
     if count == 1:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm

@@ -80,7 +80,7 @@ def transcript(code: str, target: str) -> list[str]:
         raise ValueError("a demo target has the buggy program's lines")
     changed = [i for i, (a, b) in enumerate(zip(old_lines, new_lines)) if a != b]
     first, last = changed[0], changed[-1]
-    while code.count("\n".join(old_lines[first:last + 1])) > 1:
+    while first > 0 and code.count("\n".join(old_lines[first:last + 1])) > 1:
         first -= 1
     return [edit_call("\n".join(old_lines[first:last + 1]), "\n".join(new_lines[first:last + 1])), SUBMIT]
 
