@@ -35,6 +35,7 @@ import yaml
 
 from jaxrl import algorithms
 from jaxrl.agent.env import DEFAULT_TURNS
+from jaxrl.prompts import AGENT_PROMPTS
 from jaxrl.sampling import Sampling
 
 
@@ -169,16 +170,21 @@ class AgentConfig:
         max_context: tokens of a whole episode (first prompt, replies, observations): the
             update's row length, at most the model's context. An episode whose next turn
             might not fit ends before it (`ended_by: context`).
+        prompt: the agent prompt (`jaxrl.prompts.AGENT_PROMPTS`): the paper's `agent`, or
+            `demo_agent` for `precisecoder demo --agent`'s policy.
     """
 
     turns: int = DEFAULT_TURNS
     max_context: int = 16384
+    prompt: str = "agent"
 
     def __post_init__(self):
         if self.turns < 1:
             raise ValueError(f"rollout.agent.turns must be >= 1, got {self.turns}")
         if self.max_context < 2:
             raise ValueError(f"rollout.agent.max_context must be >= 2, got {self.max_context}")
+        if self.prompt not in AGENT_PROMPTS:
+            raise ValueError(f"rollout.agent.prompt must be one of {', '.join(AGENT_PROMPTS)}, got {self.prompt!r}")
 
 
 @dataclasses.dataclass(frozen=True)

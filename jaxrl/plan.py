@@ -16,6 +16,12 @@ Memory per chip is checked in the two phases of an RL step:
            (parameters, the KV cache at the rollout batch, temporaries).
 The preset fits when both are within the chip's HBM; the exit code is 1 when not
 (2 for a bad preset or argument).
+
+A row is `hardware.prompt_tokens + rollout.max_tokens` tokens; with `rollout.agent` set it is
+an episode of `rollout.agent.max_context` tokens (the update's row length, `jaxrl.agent.train`),
+so the batch, the activations and the KV cache are sized by it, and every episode is its own
+prompt at the rollout (no fan-out to G rows), the longest `max_context - max_tokens` tokens
+(the last turn's context).
 """
 
 from __future__ import annotations
@@ -230,7 +236,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     ctor = _model_ctor(cfg, arch)
     rules = msh.rules_from_mapping(dict(cfg.mesh.rules))
     rows = cfg.data.tasks_per_step * cfg.rollout.group_size
-    seq = hw.prompt_tokens + cfg.rollout.max_tokens
+    seq, prompt_tokens = row_tokens(cfg)
     micro = cfg.run.micro_batches
     if rows % micro:
         raise PlanError(f"run.micro_batches={micro} does not divide the {rows} rows of a step "
@@ -252,7 +258,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     for what, n in (("rows per micro-batch", rows // micro), ("rollout.options.max_rows", rollout_rows)):
         if n % batch_shards:
             raise PlanError(f"{what} = {n} is not a multiple of the {batch_shards} batch shards of the mesh")
-    prompts = -(-rollout_rows // cfg.rollout.group_size)
+    prompts = rollout_rows if cfg.rollout.agent else -(-rollout_rows // cfg.rollout.group_size)
     prefill_rows = -(-prompts // batch_shards) * batch_shards  # padded to the batch shards, as the sampler does
 
     abstract_model = nnx.eval_shape(ctor)
@@ -287,8 +293,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
             row_sh = NamedSharding(mesh, msh.logical_to_spec(("batch", None), rules, (rollout_rows, 1), mesh))
             ids = jax.ShapeDtypeStruct((rollout_rows,), jnp.int32,
                                        sharding=NamedSharding(mesh, PartitionSpec(row_sh.spec[0])))
-            # Each prompt is prefilled once and its cache fanned out to its G rows.
-            prompt = jax.ShapeDtypeStruct((prefill_rows, hw.prompt_tokens), jnp.int32, sharding=row_sh)
+            # Each prompt is prefilled once and its cache fanned out to its G rows (an episode's: to 1).
+            prompt = jax.ShapeDtypeStruct((prefill_rows, prompt_tokens), jnp.int32, sharding=row_sh)
             prefill_cache = _with_shardings(jax.eval_shape(lambda: abstract_model.init_cache(prefill_rows, seq)),
                                             cache_fn.lower(prefill_rows, seq).compile().output_shardings)
             prefill = _phase(decoder.prefill.lower(dstate, prefill_cache, prompt, prompt), "prefill", timings)
@@ -297,7 +303,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         method = f"compiled ahead of time for {hw.topology} ({len(devices)} x {devices[0].device_kind})"
     else:
         train, prefill, decode, param_bytes, opt_bytes, cache_bytes = _estimate(
-            cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill_rows, sizes, rules)
+            cfg, arch, abstract_model, rows, seq, prompt_tokens, micro, rollout_rows, prefill_rows, sizes, rules)
         method = ("estimated from jax.eval_shape shapes, the sharding rules and an analytic activation count "
                   "(no CUDA backend here to compile for)")
         if cfg.rollout.engine == "sglang" and hw.rollout_gpus:
@@ -316,7 +322,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         "model": {"family": cfg.model.family, "params": n_params, "dtype": cfg.model.dtype,
                   "param_dtype": cfg.model.param_dtype, "attention": cfg.model.attention, "remat": cfg.model.remat},
         "batch": {"rows": rows, "seq": seq, "micro_batches": micro, "rollout_rows": rollout_rows,
-                  "prefill_rows": prefill_rows},
+                  "prefill_rows": prefill_rows, "prompt_tokens": prompt_tokens,
+                  "agent": dataclasses.asdict(cfg.rollout.agent) if cfg.rollout.agent else None},
         "per_chip": {
             "params": param_bytes, "opt_state": opt_bytes,
             "train_arguments": train.arguments, "train_temporaries": train.temporaries,
@@ -338,7 +345,16 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     return out
 
 
-def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill_rows, sizes, rules):
+def row_tokens(cfg) -> tuple[int, int]:
+    """(tokens of a row, tokens of the longest prompt the sampler prefills) of a config's step."""
+    agent = cfg.rollout.agent
+    if agent is None:
+        return cfg.hardware.prompt_tokens + cfg.rollout.max_tokens, cfg.hardware.prompt_tokens
+    return agent.max_context, agent.max_context - cfg.rollout.max_tokens
+
+
+def _estimate(cfg, arch, abstract_model, rows, seq, prompt_tokens, micro, rollout_rows, prefill_rows, sizes,
+              rules):
     """Per-chip bytes without compiling: exact parameter, optimizer and cache shards; analytic activations."""
     import jax
     import numpy as np
@@ -377,8 +393,8 @@ def _estimate(cfg, arch, abstract_model, rows, seq, micro, rollout_rows, prefill
     rollout_rows_chip = -(-rollout_rows // batch_shards)
     prompts_chip = -(-prefill_rows // batch_shards)
     # prefill writes into the cache, so it attends with the plain path: float32 [P, S] scores
-    prefill_tmp = prompts_chip * cfg.hardware.prompt_tokens * (6 * d + 4 * widest) * act
-    prefill_tmp += 2 * prompts_chip * arch.num_attention_heads * cfg.hardware.prompt_tokens * seq * 4
+    prefill_tmp = prompts_chip * prompt_tokens * (6 * d + 4 * widest) * act
+    prefill_tmp += 2 * prompts_chip * arch.num_attention_heads * prompt_tokens * seq * 4
     prefill = Phase(rollout_param_bytes + cache_bytes * prefill_rows // rollout_rows, prefill_tmp, 0)
     decode = Phase(rollout_param_bytes + cache_bytes, rollout_rows_chip * arch.vocab_size * 4 * 2, 0)
     return train, prefill, decode, param_bytes, opt_bytes, cache_bytes
@@ -419,9 +435,14 @@ def _print_table(out: dict[str, Any]) -> None:
         ("method", out["method"]),
         ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params, compute {m['dtype']}, params {m['param_dtype']}, "
                   f"attention {m['attention']}, remat {m['remat']}"),
+        ("rows", f"agent episodes of rollout.agent.max_context = {b['seq']} tokens ({b['agent']['turns']} turns of "
+                 f"{out['rollout_tokens']}), not prompt + completion" if b["agent"] else
+                 f"hardware.prompt_tokens + rollout.max_tokens = {b['prompt_tokens']} + {out['rollout_tokens']} "
+                 "tokens"),
         ("train batch", f"{b['rows']} rows x {b['seq']} tokens, {b['micro_batches']} micro-batch(es)"),
         ("rollout batch", f"{b['rollout_rows']} rows x {b['seq']} slots (prefill: {b['prefill_rows']} prompts of "
-                          f"{b['seq'] - out['rollout_tokens']} tokens, fanned out to G rows)"),
+                          f"{b['prompt_tokens']} tokens, "
+                          f"{'one per episode' if b['agent'] else 'fanned out to G rows'})"),
         ("per chip: parameters", _gib(pc["params"])),
         ("per chip: optimizer state", _gib(pc["opt_state"])),
         ("per chip: train arguments (params, opt, batch)", _gib(pc["train_arguments"])),

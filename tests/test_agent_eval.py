@@ -122,7 +122,7 @@ def test_agent_episodes_and_scores_equal_hand_computed_ones(tasks_file, tmp_path
     assert scores[F.task_id]["unit"] == 0 and scores[G.task_id]["unit"] == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["prompt"] == "agent"
-    assert summary["agent"] == {"turns": 5, "run_tests": False, "episodes": 5, "turns_used": 3.0,
+    assert summary["agent"] == {"turns": 5, "run_tests": False, "prompt": "agent", "episodes": 5, "turns_used": 3.0,
                                 "submitted": pytest.approx(0.6), "failed_edits": pytest.approx(0.2),
                                 "no_valid_call": pytest.approx(0.2)}
     assert summary["buggy"]["pass"]["value"] == pytest.approx(1 / 3)

@@ -19,16 +19,22 @@ import pytest
 import yaml
 from test_train_e2e import finish, records, train as train_process, wait_for
 
-from jaxrl import cli, prompts
+from jaxrl import cli, hosts, prompts
 from jaxrl.agent.rollout import engine_sampler, run_episodes
 from jaxrl.agent.tokens import episode_rows
 from jaxrl.agent.train import AGENT_COLUMNS, agent_columns, summary_completion
 from jaxrl.config import load_config
 from jaxrl.metrics import read_metrics
 from jaxrl.rollout import Completion, Engine, SamplingParams
+from jaxrl.rewards import RewardPipeline
 from jaxrl.tasks import read_tasks
 from jaxrl.trainer import train
+from jaxrl.validate import validate
 from models.tokenizer import load_tokenizer
+from reward.fleet import Fleet
+from reward.sandbox import Limits
+from reward.schema import Prediction
+from reward.score import score_predictions
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = str(REPO / "reward" / "examples" / "tasks.jsonl")
@@ -120,6 +126,44 @@ def test_context_budget_ends_an_episode_before_a_turn_that_might_not_fit():
     assert len(AGENT_COLUMNS) == 5
 
 
+def test_an_episode_keeps_calling_the_engine_while_another_host_still_runs(monkeypatch):
+    """On several hosts a turn is a collective: a host whose episodes ended calls the engine with no
+    prompts until every host's have ended."""
+    calls = []
+    engine = FixOrLook(TOK)
+    sampler = engine_sampler(engine)
+    monkeypatch.setattr(hosts, "gather_json", lambda running: [running, True])  # the other host never ends
+    (r,) = run_episodes(lambda reqs, params: calls.append(len(reqs)) or sampler(reqs, params), TOK,
+                        [(TASKS[0], 0)], SamplingParams(max_tokens=32), turns=4)
+    assert r.episode.ended_by == "submit" and len(r.episode.turns) == 2
+    assert calls == [1, 1, 0, 0]
+    monkeypatch.setattr(hosts, "gather_json", lambda running: [running, False])
+    calls.clear()
+    run_episodes(lambda reqs, params: calls.append(len(reqs)) or sampler(reqs, params), TOK,
+                 [(TASKS[0], 0)], SamplingParams(max_tokens=32), turns=4)
+    assert calls == [1, 1]
+
+
+def test_validation_of_an_agentic_run_scores_episodes_and_logs_the_agent_columns(tmp_path):
+    """`rollout.agent` set: validation runs the tool loop (scripted: the even rows of a kind's turn-1 call
+    fix the file, the odd rows view it, all submit at turn 2) and scores the final files."""
+    cfg = load_config("tiny_agent", overrides(tmp_path / "run"))
+    buggy = [t for t in TASKS if not t.is_clean]
+    with Fleet(workers=2, cache=False) as fleet:
+        pipeline = RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s))
+        metrics = validate(FixOrLook(TOK), TOK, pipeline, TASKS, cfg, seed=3)
+        pipeline.close()
+        files = [t.solution if i % 2 == 0 else t.buggy_code for i, t in enumerate(buggy)]
+        want = score_predictions([(t, Prediction(t.task_id, code=f)) for t, f in zip(buggy, files)], fleet.run)
+    assert [s.unit for s in want] == [1, 0, 1]  # the fixed files pass, the viewed ones stay buggy
+    assert metrics["val/pass"] == pytest.approx(np.mean([s.unit for s in want]))
+    assert metrics["val/f1"] == pytest.approx(np.mean([s.f1 for s in want]))
+    assert metrics["gt_debug/noop"] == 1  # the clean task's "fix" replaces its code by itself
+    for kind in ("val", "gt_debug"):
+        assert {k: metrics[f"{kind}/agent/{k}"] for k in AGENT_COLUMNS} == {
+            "turns_used": 2, "submitted": 1, "failed_edits": 0, "no_valid_call": 0, "out_of_context": 0}
+
+
 @pytest.mark.slow  # 48 s of CPU, 220 s wall at load 36 on 2 cores: one agentic step and its compiled update
 def test_episodes_train_through_every_stage(tmp_path):
     """Scripted episodes: the final file is scored (the fixing half passes), groups are mixed, the
@@ -137,13 +181,22 @@ def test_episodes_train_through_every_stage(tmp_path):
 
 @pytest.mark.slow  # 394 s at load 30 on 2 cores (62 s at load 13): two steps of the jax engine, 3 turns each
 def test_tiny_agent_trains_with_the_jax_engine_and_the_trainer_sees_the_samplers_log_probs(tmp_path):
-    train(load_config("tiny_agent", overrides(tmp_path / "run")))
+    """Also the final validation (one val and one GT Debug task) runs as episodes of the tool loop."""
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("".join(line for line in Path(EXAMPLES).read_text().splitlines(keepends=True) if "#clean" in line))
+    train(load_config("tiny_agent", overrides(tmp_path / "run", **{
+        "data.val": EXAMPLES, "data.gt_debug": str(clean), "validation.val_tasks": 1,
+        "validation.gt_debug_tasks": 1})))
     rows = without_times(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["update/logp_gap_max"] <= 1e-4  # recomputed over the concatenated episodes, same params
         assert r["agent/turns_used"] == 3 and r["agent/no_valid_call"] == 1  # a random model never calls a tool
         assert r["update/tokens"] == 4 * r["rollout/response_tokens"] > 0
+    assert "val/pass" not in rows[0]
+    for kind in ("val", "gt_debug"):  # noise: every one of the 3 turns is a retry turn
+        assert rows[1][f"{kind}/agent/turns_used"] == 3 and rows[1][f"{kind}/agent/no_valid_call"] == 1
+    assert rows[1]["val/pass"] == 0 and rows[1]["gt_debug/noop"] == 1  # the files are left as they were
 
 
 @pytest.mark.slow  # 489 s at load 27 on 2 cores: three `precisecoder train` processes, 6 agentic steps in all

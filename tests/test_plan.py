@@ -143,6 +143,37 @@ def test_gpu_presets_are_estimated_and_say_so(tmp_path, capsys):
     assert report["per_chip"]["params"] > 0 and report["compile_seconds"] == {}
 
 
+def test_an_agentic_config_is_sized_by_its_episodes_max_context(tmp_path, capsys):
+    """The same preset with `rollout.agent`: rows of max_context tokens, not prompt + completion, in the
+    batch, the activations and the KV cache; each episode its own prefilled prompt."""
+    path = _tiny(tmp_path, platform="gpu", attention="cudnn")
+    reports, tables = [], []
+    for extra in ([], ["--set", "rollout.agent.turns=3", "--set", "rollout.agent.max_context=2048"],
+                  ["--set", "hardware.prompt_tokens=1792"]):
+        rc, out, err = _run(capsys, path, "--json", *extra)
+        assert rc == 0, err
+        reports.append(json.loads(out))
+        rc, out, err = _run(capsys, path, *extra)
+        assert rc == 0, err
+        tables.append(out)
+    single, agent, long_prompts = reports
+    assert (single["batch"]["seq"], agent["batch"]["seq"]) == (128 + 256, 2048)
+    assert (single["batch"]["prompt_tokens"], agent["batch"]["prompt_tokens"]) == (128, 2048 - 256)
+    assert (single["batch"]["prefill_rows"], agent["batch"]["prefill_rows"]) == (4, 8)  # 8 rows: 2 prompts x G=6
+    assert single["batch"]["agent"] is None and agent["batch"]["agent"]["max_context"] == 2048
+    # Per slot, the one full-attention layer of four keeps K and V (2 heads of 128, bfloat16) and the cache
+    # an int32 segment id, for 8 rows over 4 chips; the DeltaNet state does not grow with the row.
+    per_slot = (2 * 2 * 128 * 2 + 4) * 8 // 4
+    assert agent["per_chip"]["kv_cache"] - single["per_chip"]["kv_cache"] == (2048 - 384) * per_slot
+    # The train phase and the cache are a single-turn config's whose prompt and completion make 2048 tokens.
+    for key in ("train_arguments", "train_temporaries", "train_total", "kv_cache"):
+        assert agent["per_chip"][key] == long_prompts["per_chip"][key] > single["per_chip"][key], key
+    assert agent["train_step_flops"] == long_prompts["train_step_flops"] > 5 * single["train_step_flops"]
+    assert "hardware.prompt_tokens + rollout.max_tokens = 128 + 256 tokens" in tables[0]
+    assert "agent episodes of rollout.agent.max_context = 2048 tokens (3 turns of 256)" in tables[1]
+    assert "prefill: 8 prompts of 1792 tokens, one per episode" in tables[1]
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     rc, _, err = _run(capsys, "no-such-preset")
     assert rc == 2 and "no config 'no-such-preset'" in err and "Traceback" not in err

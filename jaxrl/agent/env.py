@@ -62,9 +62,12 @@ class AgentEnv:
         code: the buggy file the episode starts from.
         turns: the turn budget (replies the model may give).
         run_tests: the task's test runner; None leaves `run_tests` off.
+        prompt: the agent prompt (`jaxrl.prompts.AGENT_PROMPTS`) whose retry message answers a reply
+            without a call.
     """
 
-    def __init__(self, code: str, turns: int = DEFAULT_TURNS, run_tests: TestRunner | None = None):
+    def __init__(self, code: str, turns: int = DEFAULT_TURNS, run_tests: TestRunner | None = None,
+                 prompt: str = "agent"):
         if turns < 1:
             raise ValueError(f"the turn budget must be >= 1, got {turns}")
         self.file = code
@@ -72,6 +75,7 @@ class AgentEnv:
         self.used = 0
         self.submitted = False
         self._run_tests = run_tests
+        self._retry = prompts.agent_retry(prompt)
 
     @property
     def done(self) -> bool:
@@ -84,7 +88,7 @@ class AgentEnv:
         self.used += 1
         call = parse_call(reply)
         if call is None:
-            return StepResult(None, prompts.agent_retry(), False, False, self.done)
+            return StepResult(None, self._retry, False, False, self.done)
         if call.name == "submit":
             self.submitted = True
             return StepResult(call, "", True, False, True)

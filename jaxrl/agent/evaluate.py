@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from jaxrl import prompts
 from jaxrl.agent.env import DEFAULT_TURNS
 from jaxrl.agent.episode import Episode, agent_columns
 from jaxrl.agent.rollout import run_episodes
@@ -33,7 +34,7 @@ from jaxrl.eval.protocol import EvalSettings
 from jaxrl.rollout.engine import Engine
 from reward.sandbox import Limits
 from reward.schema import Prediction, Task, write_jsonl
-from reward.score import score_predictions
+from reward.score import Score, score_predictions
 
 EPISODES = "episodes.jsonl"
 
@@ -45,14 +46,25 @@ class AgentSettings:
     Attributes:
         turns: the turn budget of an episode.
         run_tests: offer the `run_tests` tool (the paper's runs had it off).
+        prompt: the agent prompt (`jaxrl.prompts.AGENT_PROMPTS`; `demo_agent` for the demo's policy).
     """
 
     turns: int = DEFAULT_TURNS
     run_tests: bool = False
+    prompt: str = "agent"
 
     def __post_init__(self):
         if self.turns < 1:
             raise ValueError(f"the turn budget must be >= 1, got {self.turns}")
+        if self.prompt not in prompts.AGENT_PROMPTS:
+            raise ValueError(f"unknown agent prompt {self.prompt!r}; choose from {', '.join(prompts.AGENT_PROMPTS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentEvalResult(EvalResult):
+    """An agent evaluation's result: also its episodes, in the order of `samples`."""
+
+    episodes: list[Episode]
 
 
 def sample_of(episode: Episode) -> Sample:
@@ -105,9 +117,13 @@ def evaluate_agent(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settin
                    agent: AgentSettings = AgentSettings(), *, model: Mapping[str, Any] | None = None,
                    task_set: str | None = None, out_dir: str | os.PathLike | None = None, batch_size: int = 16,
                    retries: int = 2, backoff_s: float = 1.0, progress: bool = False,
-                   chat: bool = False) -> EvalResult:
+                   chat: bool = False, max_context: int | None = None,
+                   scorer: Callable[[Sequence[tuple[Task, Prediction]]], list[Score]] | None = None
+                   ) -> AgentEvalResult:
     """Evaluate an engine's model as the five-turn agent on `tasks`; see `jaxrl.eval.evaluate.evaluate`
-    for the shared arguments. `batch_size` episodes run together, one engine call per turn.
+    for the shared arguments (`scorer` among them). `batch_size` episodes run together, one engine
+    call per turn; `max_context` ends a token episode before a turn that might not fit it (as in
+    training, `jaxrl.agent.rollout.run_episodes`).
 
     Raises:
         EvalError: a run directory holding other settings, or an engine that keeps failing
@@ -132,7 +148,8 @@ def evaluate_agent(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settin
                     rollouts = run_episodes(
                         lambda reqs, params: _generate(engine, reqs, params, retries, backoff_s, chat), tokenizer,
                         [(t, k) for t in chunk for k in range(settings.samples)], settings.params(clean),
-                        turns=agent.turns, enable_thinking=settings.enable_thinking, chat=chat, test_runner=runner)
+                        turns=agent.turns, enable_thinking=settings.enable_thinking, chat=chat, test_runner=runner,
+                        max_context=max_context, prompt=agent.prompt)
                 except Exception as e:
                     kept = f"; the {len(done)} tasks done are kept in {log.dir / EPISODES}, " \
                            "rerun the same command to continue" if log else ""
@@ -151,9 +168,12 @@ def evaluate_agent(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settin
     episodes = [e for t in tasks for e in done[t.task_id]]
     by_id = {t.task_id: t for t in tasks}
     items = [(by_id[e.task_id], Prediction(e.task_id, code=e.file)) for e in episodes]
-    scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
-                               lam=settings.lam, epsilon=settings.epsilon, limits=limits,
-                               window_batch=2 * fleet.num_workers)
+    if scorer is not None:
+        scores = scorer(items)
+    else:
+        scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
+                                   lam=settings.lam, epsilon=settings.epsilon, limits=limits,
+                                   window_batch=2 * fleet.num_workers)
     summary = summarize(tasks, [sample_of(e) for e in episodes], scores, settings, model, task_set=task_set)
     summary["settings"]["prompt"] = "agent"
     summary["agent"] = {**dataclasses.asdict(agent), **agent_columns(episodes)}
@@ -164,7 +184,7 @@ def evaluate_agent(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settin
         write_outputs(out, scores, summary)
         with open(out / REPORT, "a", encoding="utf-8") as f:
             f.write(agent_markdown(summary["agent"]))
-    return EvalResult([sample_of(e) for e in episodes], scores, summary)
+    return AgentEvalResult([sample_of(e) for e in episodes], scores, summary, episodes)
 
 
 def agent_markdown(agent: Mapping[str, Any]) -> str:

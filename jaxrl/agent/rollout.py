@@ -10,6 +10,9 @@ assistant turns as their answers, and the server renders them.
 Every turn has the same sampling parameters (a per-turn thinking budget and
 token budget); turn t of a batch samples with a seed drawn from the run's seed,
 the batch's first episode and t.
+
+On several hosts an engine call is a collective (the `jax` engine): every host calls the
+engine each turn, with no prompts once its own episodes have ended, until every host's have.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from jaxrl import prompts
+from jaxrl import hosts, prompts
 from jaxrl.agent.env import DEFAULT_TURNS, AgentEnv, TestRunner
 from jaxrl.agent.episode import Episode, Turn
 from jaxrl.agent.tokens import Segment, context_ids, observation_text
@@ -49,11 +52,11 @@ class _Running:
     """One episode in flight: its env, conversation, token segments and turns so far."""
 
     def __init__(self, task: Task, sample: int, tokenizer, turns: int, enable_thinking: bool, chat: bool,
-                 run_tests: TestRunner | None):
+                 run_tests: TestRunner | None, prompt: str):
         self.task, self.sample, self.tokenizer = task, sample, tokenizer
         self.enable_thinking, self.chat = enable_thinking, chat
-        self.env = AgentEnv(task.buggy_code, turns, run_tests)
-        self.messages = prompts.agent_messages(task.prompt, task.buggy_code, run_tests is not None)
+        self.env = AgentEnv(task.buggy_code, turns, run_tests, prompt)
+        self.messages = prompts.agent_messages(task.prompt, task.buggy_code, run_tests is not None, prompt)
         text = tokenizer.render_chat(self.messages, enable_thinking=enable_thinking)
         self.think_opened = not chat and enable_thinking and text.endswith(THINK_OPEN)
         self.segments = [Segment(tuple(tokenizer.encode(text)))]
@@ -87,7 +90,7 @@ class _Running:
 def run_episodes(sampler: Sampler, tokenizer, starts: Sequence[tuple[Task, int]], params: SamplingParams, *,
                  turns: int = DEFAULT_TURNS, enable_thinking: bool = True, chat: bool = False,
                  test_runner: Callable[[Task], TestRunner] | None = None,
-                 max_context: int | None = None) -> list[AgentRollout]:
+                 max_context: int | None = None, prompt: str = "agent") -> list[AgentRollout]:
     """Run one episode per (task, sample index) to its end, all turns batched; rollouts in input order.
 
     Args:
@@ -101,18 +104,20 @@ def run_episodes(sampler: Sampler, tokenizer, starts: Sequence[tuple[Task, int]]
         test_runner: the task -> its `run_tests` tool; None leaves the tool off.
         max_context: token episodes only: an episode whose context plus `params.max_tokens` exceeds
             this ends before the turn (`ended_by` "context"), so every row fits `max_context` tokens.
+        prompt: the agent prompt (`jaxrl.prompts.AGENT_PROMPTS`): first messages and retry message.
     """
     running = [_Running(task, k, tokenizer, turns, enable_thinking, chat,
-                        test_runner(task) if test_runner else None) for task, k in starts]
+                        test_runner(task) if test_runner else None, prompt) for task, k in starts]
     for t in range(turns):
         if max_context is not None and not chat:
             for r in running:
                 if not r.env.done and sum(len(s.token_ids) for s in r.segments) + params.max_tokens > max_context:
                     r.out_of_room = True
         active = [r for r in running if not r.env.done and not r.out_of_room]
-        if not active:
+        if not any(hosts.gather_json(bool(active))):
             break
-        seed = batch_seed(params.seed, f"{active[0].task.task_id}#{active[0].sample}#turn{t}")
+        first = f"{active[0].task.task_id}#{active[0].sample}" if active else ""
+        seed = batch_seed(params.seed, f"{first}#turn{t}")
         out = sampler([r.request() for r in active], dataclasses.replace(params, n=1, seed=seed))
         if len(out) != len(active) or any(len(group) != 1 for group in out):
             raise RuntimeError(f"the engine returned {[len(g) for g in out]} completions "

@@ -33,9 +33,10 @@ from reward.schema import Prediction, Task
 AGENT_COLUMNS = ("turns_used", "submitted", "failed_edits", "no_valid_call", "out_of_context")
 
 
-def first_prompt_length(task: Task, tokenizer: Any) -> int:
+def first_prompt_length(task: Task, tokenizer: Any, prompt: str = "agent") -> int:
     """Tokens of an episode's first prompt: the agent's system and user messages, thinking on."""
-    text = tokenizer.render_chat(prompts.agent_messages(task.prompt, task.buggy_code), enable_thinking=True)
+    messages = prompts.agent_messages(task.prompt, task.buggy_code, name=prompt)
+    text = tokenizer.render_chat(messages, enable_thinking=True)
     return len(tokenizer.encode(text))
 
 
@@ -46,7 +47,7 @@ def row_shape(cfg: Config, tasks: Sequence[Task], tokenizer: Any) -> tuple[int, 
         TrainError: a task's first turn cannot fit `rollout.agent.max_context`.
     """
     agent, max_tokens = cfg.rollout.agent, cfg.rollout.max_tokens
-    lengths = [first_prompt_length(t, tokenizer) for t in tasks]
+    lengths = [first_prompt_length(t, tokenizer, agent.prompt) for t in tasks]
     longest = max(lengths)
     if longest + max_tokens > agent.max_context:
         raise TrainError(f"rollout.agent.max_context={agent.max_context}: the longest first prompt "
@@ -60,7 +61,8 @@ def sample_episodes(engine: Engine, tokenizer: Any, tasks: Sequence[Task], group
     """`group_size` episodes per task (row n·G + g is episode g of task n), every turn batched."""
     agent = cfg.rollout.agent
     return run_episodes(engine_sampler(engine), tokenizer, [(t, k) for t in tasks for k in range(group_size)],
-                        params, turns=agent.turns, enable_thinking=True, max_context=agent.max_context)
+                        params, turns=agent.turns, enable_thinking=True, max_context=agent.max_context,
+                        prompt=agent.prompt)
 
 
 def summary_completion(rollout: AgentRollout) -> Completion:

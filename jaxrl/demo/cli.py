@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thinking", action="store_true",
                         help="the thinking variant: SFT targets think before the code and rollouts and evaluations "
                              "have a thinking budget, so the eval runs hold traces for `transfer` and `analyze`")
+    parser.add_argument("--agent", action="store_true",
+                        help="the agent variant: the base also learns agent transcripts, PreciseCoder is also "
+                             "trained with rollout.agent, and every policy is evaluated inside the five-turn tool loop")
     parser.add_argument("--smoke", "--small", dest="smoke", action="store_true",
                         help="a smoke run in under a minute: few tasks, a 1-layer model, "
                              f"{SMOKE_SFT_STEPS} SFT and {SMOKE_STEPS} RL steps (checks the pipeline, learns nothing)")
@@ -90,7 +93,7 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
         raise ValueError(f"--with {unknown[0]}: choose from {', '.join(OPTIONAL_METHODS + BASELINES)}")
     cfg = dict(seeds=args.seeds, bases=args.bases, methods=METHODS + tuple(n for n in extra if n in OPTIONAL_METHODS),
                baselines=tuple(n for n in extra if n in BASELINES), rl_steps=rl_steps,
-               sft=sft, kl_coef=args.kl, learning_rate=args.lr, thinking=args.thinking)
+               sft=sft, kl_coef=args.kl, learning_rate=args.lr, thinking=args.thinking, agent=args.agent)
     if args.smoke:
         cfg.update(sft_tasks=64, train_tasks=16, test_tasks=8, clean_tasks=4, sft_val_tasks=8, hidden=32, layers=1, heads=2,
                    tasks_per_step=2, group_size=2,

@@ -21,7 +21,8 @@ HISTORY = ("How this setting was chosen: the domain, the SFT recipe and the RL r
 COLUMNS = ("pass", "precision", "recall", "lines", "lines_pass", "noop", "damage")
 NAMES = {"base": "SFT base", "grpo": "GRPO (unit tests only)", "precisecoder": "PreciseCoder (GDPO, λ = 1/3)",
          "grpo_f1sum": "GRPO on r_λ (ablation)", "ea_grpo": "EA-GRPO", "rs_sft": "Rejection-sampling SFT",
-         "dpo": "DPO", "recap": "RECAP (refines the base's answer)"}
+         "dpo": "DPO", "recap": "RECAP (refines the base's answer)",
+         "precisecoder_agent": "PreciseCoder, agentic RL (GDPO, λ = 1/3)"}
 
 
 def row_of(summary: Mapping[str, Any], seed: int, scores: Sequence[Any] = ()) -> dict[str, Any]:
@@ -147,17 +148,20 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
 
 
 HEADS = {"pass": "pass %", "precision": "precision %", "recall": "recall %", "lines": "lines",
-         "lines_pass": "lines (passing)", "noop": "no-op %", "damage": "damage %"}
+         "lines_pass": "lines (passing)", "noop": "no-op %", "damage": "damage %",
+         "turns_used": "turns used", "submitted": "ended by submit %", "failed_edits": "failed edits",
+         "no_valid_call": "no valid call %"}
+COUNTS = ("lines", "lines_pass", "turns_used", "failed_edits")  # columns that are means of counts, not %
 
 
-def summary_table(methods: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+def summary_table(methods: Mapping[str, Sequence[Mapping[str, Any]]], columns: Sequence[str] = COLUMNS) -> str:
     """The Markdown table: one row per method, `mean ± std` per column (a column older results lack: –)."""
-    out = ["| method | " + " | ".join(HEADS[c] for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    out = ["| method | " + " | ".join(HEADS[c] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, rows in methods.items():
         cells = []
-        for column in COLUMNS:
+        for column in columns:
             mean, std = mean_std([r.get(column) for r in rows])
-            fmt = "{:.2f}" if column.startswith("lines") else "{:.1f}"
+            fmt = "{:.2f}" if column in COUNTS else "{:.1f}"
             cells.append("–" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}")
         out.append(f"| {NAMES.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -235,10 +239,12 @@ def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
                     couplings: Mapping[str, Sequence[Mapping[str, float | None]]] | None = None, *,
                     main: str = "T = 1 sampling",
                     beside: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]] | None = None,
-                    bases: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]] = ()) -> str:
+                    bases: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]] = (),
+                    sections: Sequence[str] = ()) -> str:
     """report.md: the main table (`main` decoding), each table of `beside` and greedy decoding, the
-    per-seed paired differences PreciseCoder − GRPO, the coupling table, the target check, and one
-    row per further base (`bases`: its methods' rows under the main decoding) for robustness."""
+    per-seed paired differences PreciseCoder − GRPO, the coupling table, the target check, one
+    row per further base (`bases`: its methods' rows under the main decoding) for robustness, then
+    `sections` (Markdown, e.g. the agent variant's)."""
     lines = [
         "# precisecoder demo",
         "",
@@ -284,5 +290,7 @@ def report_markdown(methods: Mapping[str, Sequence[Mapping[str, Any]]],
                 cells = [mean_std([r.get(c) for r in rows])[0] for c in ("pass", "precision", "lines", "lines_pass")]
                 lines.append(f"| {b} | {NAMES.get(name, name)} | " + " | ".join(
                     "–" if c is None else f"{c:.2f}" if i >= 2 else f"{c:.1f}" for i, c in enumerate(cells)) + " |")
+    for section in sections:
+        lines += ["", section.rstrip("\n")]
     lines += ["", "Training curves: `curves.png`. Per-seed numbers: `results.json`.", ""]
     return "\n".join(lines)

@@ -66,6 +66,8 @@ class DemoConfig:
         max_tokens: completion budget; an answer takes about 60 tokens (73 at most).
         thinking: the thinking variant (`jaxrl.demo.thinking`): SFT targets think first, and
             rollouts and evaluations get a thinking budget on top of `max_tokens`.
+        agent: the agent variant (`jaxrl.demo.agent`): SFT also on agent transcripts, PreciseCoder
+            also trained with `rollout.agent`, and every policy evaluated inside the tool loop.
     """
 
     seeds: int = 1
@@ -90,6 +92,7 @@ class DemoConfig:
     kl_coef: float = 0.0
     max_tokens: int = 80
     thinking: bool = False
+    agent: bool = False
 
     def __post_init__(self):
         known = METHODS + OPTIONAL_METHODS
@@ -100,6 +103,12 @@ class DemoConfig:
             raise ValueError(f"baselines must be among {', '.join(BASELINES)}, got {list(self.baselines)}")
         if self.thinking and self.baselines:
             raise ValueError("--thinking and the supervised baselines (--with rs_sft,dpo,recap) do not run together yet")
+        if self.agent and self.thinking:
+            raise ValueError("--agent and --thinking do not run together: the thinking variant's traces reason about "
+                             "a single-turn answer, and the agent transcripts have no traces to learn per turn")
+        if self.agent and self.baselines:
+            raise ValueError("--agent and the supervised baselines (--with rs_sft,dpo,recap) do not run together: "
+                             "the baselines use the plain demo vocabulary, the agent base another")
         if self.seeds < 1 or self.bases < 1 or self.rl_steps < 1:
             raise ValueError("seeds, bases and rl_steps must be >= 1")
         if min(self.sft_tasks, self.train_tasks, self.test_tasks, self.clean_tasks, self.sft_val_tasks) < 1:
@@ -113,6 +122,15 @@ Log = Callable[[str], None]
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def tokenizer_of(cfg: DemoConfig) -> Any:
+    """The run's tokenizer: the plain demo vocabulary, the thinking variant's or the agent variant's."""
+    if cfg.agent:
+        from jaxrl.demo.agent import agent_tokenizer
+
+        return agent_tokenizer()
+    return demo_thinking.tokenizer(cfg.thinking)
 
 
 def make_data(cfg: DemoConfig, seed: int, out: Path) -> domain.Splits:
@@ -141,11 +159,24 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     from jaxrl.demo.policy import new_policy, policy_config
     from tqdm import tqdm
 
-    tok = demo_thinking.tokenizer(cfg.thinking)
+    tok = tokenizer_of(cfg)
     pairs, shares = sft.sft_pairs(splits.sft, cfg.sft.rewrite_share, seed, cfg.sft.miss_share, cfg.thinking)
     tokens, mask = sft.encode_pairs(tok, pairs)
     val_tokens, val_mask = sft.encode_pairs(tok, sft.sft_pairs(splits.sft_val, cfg.sft.rewrite_share, seed + 1,
                                                                 cfg.sft.miss_share, cfg.thinking)[0])
+    agent_record = {}
+    if cfg.agent:  # every SFT (and validation) task also as an agent transcript of its own target
+        from jaxrl.demo import agent
+
+        def transcripts(samples, s):
+            segments, kinds = agent.sft_transcripts(samples, cfg.sft.rewrite_share, s, cfg.sft.miss_share, tok)
+            return agent.encode_transcripts(segments, tok.pad_id), kinds
+
+        rows, kinds = transcripts(splits.sft, seed)
+        tokens, mask = agent.stack_rows((tokens, mask), rows, tok.pad_id)
+        val_tokens, val_mask = agent.stack_rows((val_tokens, val_mask), transcripts(splits.sft_val, seed + 1)[0],
+                                                tok.pad_id)
+        agent_record = {"agent_target_shares": kinds, "agent_transcripts": len(rows[0])}
     model = new_policy(policy_config(tok, cfg.hidden, cfg.layers, cfg.heads), seed)
     bar = tqdm(total=cfg.sft.steps, desc=f"seed {seed} SFT", unit="step", disable=not progress, dynamic_ncols=True)
 
@@ -161,23 +192,30 @@ def train_base(cfg: DemoConfig, seed: int, splits: domain.Splits, out: Path, pro
     models.save_pretrained(model, out)
     tok.save_pretrained(out)
     record = {"losses": losses, "seconds": seconds, "target_shares": shares, "pairs": len(pairs),
-              "selection": selection}
+              "selection": selection, **agent_record}
     (out / "sft.json").write_text(json.dumps(record) + "\n")
     return record
 
 
-def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, out: Path, progress: bool):
-    """The trainer's `Config` of one method's run (the demo prompt, no thinking, no validation)."""
+def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, out: Path, progress: bool,
+              agent: bool = False):
+    """The trainer's `Config` of one method's run (the demo prompt, no thinking, no validation); with
+    `agent`, its rollouts are episodes of the tool loop (`jaxrl.demo.agent.rollout_agent`)."""
     from jaxrl.config import Config, from_dict
 
+    rollout = {"engine": "jax", "group_size": cfg.group_size, "temperature": 1.0, "top_p": 1.0,
+               **demo_thinking.budgets(cfg.max_tokens, cfg.thinking)}
+    if agent:
+        from jaxrl.demo import agent as demo_agent
+
+        rollout |= {"max_tokens": demo_agent.TURN_TOKENS, "agent": demo_agent.rollout_agent()}
     return from_dict(Config, {
         "name": f"seed {seed} {method}",
         "model": {"family": "qwen3", "checkpoint": str(base), "dtype": "float32", "param_dtype": "float32",
                   "remat": False},
         "data": {"train": str(data / "train.jsonl"), "tasks_per_step": cfg.tasks_per_step, "prompt": prompt.PROMPT,
                  "seed": seed, "prompt_multiple": 8},
-        "rollout": {"engine": "jax", "group_size": cfg.group_size, "temperature": 1.0, "top_p": 1.0,
-                    **demo_thinking.budgets(cfg.max_tokens, cfg.thinking)},
+        "rollout": rollout,
         "algorithm": {"name": method},
         "loss": {"kl_coef": cfg.kl_coef, "logp_chunk": 256},
         "optimizer": {"learning_rate": cfg.learning_rate, "weight_decay": 0.0},
@@ -200,7 +238,7 @@ def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any]
     from jaxrl.eval.protocol import EvalSettings
     from jaxrl.rollout import make_engine
 
-    tok = demo_thinking.tokenizer(cfg.thinking)
+    tok = tokenizer_of(cfg)
     budgets = demo_thinking.budgets(cfg.max_tokens, cfg.thinking)
     results = {}
     with make_engine("jax", model=model, tokenizer=tok) as engine:
@@ -306,8 +344,33 @@ def prepare_base(cfg: DemoConfig, base: int, home: Path, fleet: Any, progress: b
     rows = {k: rep.row_of(r.summary, 0, r.scores) for k, r in evals.items()}
     timing["eval_base_s"] = time.perf_counter() - t
     log(f"[base {base}] base: {_brief(rows)}")
+    agent_row = None
+    if cfg.agent:
+        t = time.perf_counter()
+        agent_row = _in_agent(models.from_pretrained(base_dir), 0, held_out, fleet, home / "eval" / "base", progress)
+        timing["eval_base_agent_s"] = time.perf_counter() - t
+        log(f"[base {base}] base inside the agent: {_brief_agent(agent_row)}")
     return {"splits": splits, "held_out": held_out, "sft": {k: v for k, v in sft_record.items() if k != "losses"},
-            "rows": rows, "coupling": rep.coupling(evals[MAIN].scores), "timing": timing, "seeded": seeded}
+            "rows": rows, "coupling": rep.coupling(evals[MAIN].scores), "timing": timing, "seeded": seeded,
+            "agent_row": agent_row}
+
+
+def _in_agent(model: Any, seed: int, tasks: Sequence[Any], fleet: Any, eval_dir: Path, progress: bool
+              ) -> dict[str, Any]:
+    """A policy's row inside the agent (`jaxrl.demo.agent`) at the main decoding, in `eval_dir/agent`."""
+    from jaxrl.demo import agent
+
+    result = agent.evaluate_in_agent(model, seed, tasks, fleet, eval_dir / "agent", progress, DECODINGS[MAIN])
+    return agent.agent_row(result, seed)
+
+
+def _brief_agent(row: dict[str, Any]) -> str:
+    def f(x, spec):
+        return "–" if x is None else format(x, spec)
+
+    return (f"pass {f(row['pass'], '.1f')}%, precision {f(row['precision'], '.1f')}%, lines {f(row['lines'], '.2f')}, "
+            f"turns {f(row['turns_used'], '.2f')}, submitted {f(row['submitted'], '.1f')}%, "
+            f"no valid call {f(row['no_valid_call'], '.1f')}% ({LABELS[MAIN]})")
 
 
 def run_rl_seed(cfg: DemoConfig, base: int, seed: int, home: Path, splits: Any, fleet: Any,
@@ -320,7 +383,8 @@ def run_rl_seed(cfg: DemoConfig, base: int, seed: int, home: Path, splits: Any, 
 
     Returns:
         `{"rows": {method: {decoding: row}}, "curves": {method: [...]}, "timing": {...},
-        "coupling": {method: rep.coupling(...)}}`.
+        "coupling": {method: rep.coupling(...)}, "agent_rows": {policy: row inside the agent}}`
+        (`agent_rows` empty unless `cfg.agent`; it also holds PreciseCoder trained with `rollout.agent`).
     """
     from jaxrl.metrics import read_metrics
     from jaxrl.preflight import has_checkpoint
@@ -334,25 +398,33 @@ def run_rl_seed(cfg: DemoConfig, base: int, seed: int, home: Path, splits: Any, 
     curves: dict[str, list[dict[str, float]]] = {}
     couplings: dict[str, Any] = {}
     timing: dict[str, float] = {}
-    for method in cfg.methods:
+    agent_rows: dict[str, dict[str, Any]] = {}
+    from jaxrl.demo.agent import AGENT_METHOD
+
+    runs = [(m, m, False) for m in cfg.methods] + ([(AGENT_METHOD, "precisecoder", True)] if cfg.agent else [])
+    for name, method, agentic in runs:
         t = time.perf_counter()
-        run_dir = out / "rl" / method
-        run_cfg = rl_config(cfg, seed, method, home / "base", home / "data", run_dir, progress)
+        run_dir = out / "rl" / name
+        run_cfg = rl_config(cfg, seed, method, home / "base", home / "data", run_dir, progress, agentic)
         if _finished(run_dir, cfg.rl_steps):
-            log(f"[base {base} seed {seed}] RL {method}: reusing the finished run in {run_dir}")
+            log(f"[base {base} seed {seed}] RL {name}: reusing the finished run in {run_dir}")
         else:
-            log(f"[base {base} seed {seed}] RL {method}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
-                f"G = {cfg.group_size}")
-            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=demo_thinking.tokenizer(cfg.thinking), fleet=fleet)
-        timing[f"rl_{method}_s"] = time.perf_counter() - t
-        curves[method] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
+            log(f"[base {base} seed {seed}] RL {name}: {cfg.rl_steps} steps × {cfg.tasks_per_step} tasks × "
+                f"G = {cfg.group_size}{' episodes' if agentic else ''}")
+            train(run_cfg, resume=has_checkpoint(run_dir), tokenizer=tokenizer_of(cfg), fleet=fleet)
+        timing[f"rl_{name}_s"] = time.perf_counter() - t
+        curves[name] = [{"seed": seed, **r} for r in read_metrics(run_dir / "metrics.jsonl")]
         t = time.perf_counter()
         policy, _, step = load_policy(run_dir)  # on the trainer's mesh: fsdp over every device
-        evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / method, progress, samples)
-        rows[method] = {k: rep.row_of(r.summary, seed, r.scores) for k, r in evals.items()}
-        couplings[method] = rep.coupling(evals[MAIN].scores)
-        timing[f"eval_{method}_s"] = time.perf_counter() - t
-        log(f"[base {base} seed {seed}] {method} (step {step}): {_brief(rows[method])}")
+        if not agentic:
+            evals = evaluate_policy(policy, cfg, seed, held_out, fleet, out / "eval" / name, progress, samples)
+            rows[name] = {k: rep.row_of(r.summary, seed, r.scores) for k, r in evals.items()}
+            couplings[name] = rep.coupling(evals[MAIN].scores)
+            log(f"[base {base} seed {seed}] {name} (step {step}): {_brief(rows[name])}")
+        if cfg.agent:
+            agent_rows[name] = _in_agent(policy, seed, held_out, fleet, out / "eval" / name, progress)
+            log(f"[base {base} seed {seed}] {name} (step {step}) inside the agent: {_brief_agent(agent_rows[name])}")
+        timing[f"eval_{name}_s"] = time.perf_counter() - t
     if cfg.baselines:
         from jaxrl.demo import baselines
 
@@ -363,7 +435,7 @@ def run_rl_seed(cfg: DemoConfig, base: int, seed: int, home: Path, splits: Any, 
         rows, couplings, timing = rows | more[0], couplings | more[1], timing | more[2]
         for name in cfg.baselines:
             log(f"[base {base} seed {seed}] {name}: {_brief(rows[name])}")
-    return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings}
+    return {"rows": rows, "curves": curves, "timing": timing, "coupling": couplings, "agent_rows": agent_rows}
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
@@ -396,12 +468,14 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def check_resume(cfg: DemoConfig, out: Path) -> None:
     """Raise ValueError if `out` holds work made with other settings (`RESUMABLE` ones aside).
 
-    The settings of a run are in `out/demo_config.json`, written when it starts.
+    The settings of a run are in `out/demo_config.json`, written when it starts; a setting it
+    lacks (one added to `DemoConfig` since) counts as its default.
     """
     path = out / "demo_config.json"
     if not path.is_file():
         return
-    saved, now = _flat(json.loads(path.read_text())), _flat(_plain(cfg))
+    defaults = _flat(_plain(DemoConfig()))
+    saved, now = {**defaults, **_flat(json.loads(path.read_text()))}, _flat(_plain(cfg))
     changed = sorted(k for k in saved.keys() | now.keys()
                      if k.split(".")[0] not in RESUMABLE and saved.get(k) != now.get(k))
     if changed:
@@ -473,13 +547,21 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
              "fleet": fleet_stats, "seconds": seconds, "cpu_seconds": _cpu_seconds(),
              "load_average_at_start": load, "load_average_at_end": end_load, "jax_devices": len(devices),
              "config": _plain(cfg), "command": command}
+    if cfg.agent:
+        from jaxrl.demo import agent
+
+        extra["agent"] = {**agent.rollout_agent(), "turn_tokens": agent.TURN_TOKENS, "decoding": MAIN,
+                          "methods": {"base": [prepared["agent_row"]],
+                                      **{m: [s["agent_rows"][m] for s in per_seed] for m in per_seed[0]["agent_rows"]}}}
     rep.write_results(out / "results.json", methods, extra)
-    curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in cfg.methods}
+    curves = {m: [r for s in per_seed for r in s["curves"].get(m, [])] for m in per_seed[0]["curves"]}
     rep.plot_curves(out / "curves.png", curves, CURVE_KEYS)
     beside = {LABELS[d]: tables[d] for d in DECODINGS if d not in (MAIN, "greedy")}
     (out / "report.md").write_text(rep.report_markdown(
         methods, tables["greedy"], cfg.seeds, seconds, load, command, extra["cpu_seconds"], couplings,
-        main=LABELS[MAIN], beside=beside, bases=further), encoding="utf-8")
+        main=LABELS[MAIN], beside=beside, bases=further,
+        sections=[agent.agent_markdown(extra["agent"]["methods"], LABELS[MAIN])] if cfg.agent else ()),
+        encoding="utf-8")
     return {"methods": methods, **extra}
 
 

@@ -10,6 +10,8 @@ import re
 from importlib import resources
 
 PROMPTS = ("minimal", "refine", "abstain", "demo")
+# The tool loop's prompts: the paper's, and the demo policy's (`precisecoder demo --agent`).
+AGENT_PROMPTS = ("agent", "demo_agent")
 
 
 def _template(name: str, part: str) -> str:
@@ -48,20 +50,24 @@ def file_lines(code: str) -> list[str]:
     return code[:-1].split("\n") if code.endswith("\n") else code.split("\n")
 
 
-def agent_messages(task_prompt: str, code: str, run_tests: bool = False) -> list[dict[str, str]]:
+def agent_messages(task_prompt: str, code: str, run_tests: bool = False, name: str = "agent"
+                   ) -> list[dict[str, str]]:
     """The five-turn agent's system and first user message (the file shown with line numbers).
 
     With `run_tests` the system message ends with `agent.run_tests.txt`, our description of the
-    test tool (the paper's runs had it off, so its wording is not the paper's).
+    test tool (the paper's runs had it off, so its wording is not the paper's). `name` is one of
+    `AGENT_PROMPTS`; `demo_agent` has no system turn (and no `run_tests` text).
     """
-    system = _template("agent", "system")
-    if run_tests:
+    if name not in AGENT_PROMPTS:
+        raise ValueError(f"unknown agent prompt {name!r}; choose from {', '.join(AGENT_PROMPTS)}")
+    system = _template(name, "system")
+    if run_tests and name == "agent":
         system += "\n\n" + _template("agent", "run_tests")
     fields = {"task_prompt": task_prompt, "numbered_code": numbered(file_lines(code))}
-    user = re.sub(r"\{(task_prompt|numbered_code)\}", lambda m: fields[m.group(1)], _template("agent", "user"))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    user = re.sub(r"\{(task_prompt|numbered_code)\}", lambda m: fields[m.group(1)], _template(name, "user"))
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
-def agent_retry() -> str:
-    """The user message that answers an agent reply without a tool call."""
-    return _template("agent", "retry")
+def agent_retry(name: str = "agent") -> str:
+    """The user message that answers an agent reply without a tool call (agent prompt `name`)."""
+    return _template(name, "retry")
