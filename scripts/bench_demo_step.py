@@ -18,8 +18,8 @@ load hits all alike:
 The settings from `new` on must write the same metrics; the bench checks it.
 
 From the trainer's `time/` metrics (the first step, which compiles, left out) it
-prints per setting the median seconds of each stage and its share of the step
-(`reward` is what is left after decoding; `reward_overlap`, part of `rollout`, the
+prints per setting the median seconds of each stage and its share of the time of all
+measured steps (`reward` is what is left after decoding; `reward_overlap`, part of `rollout`, the
 scoring done during it), the step's median and each setting's ratio to the first; the CPU
 seconds of this process per step (JAX and the scorer's Python; the sandbox runs are not in
 it: their processes are reaped inside the sandbox's own pid namespaces), which load
@@ -113,12 +113,14 @@ def untimed(records: list[dict]) -> list[dict]:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Median seconds and share of each stage and of the step, over all records of the setting's runs."""
+    """Median seconds of each stage and of the step, and each stage's share of the summed step time, over all
+    records of the setting's runs."""
     records = [r for run in runs for r in run["records"]]
     out: dict = {"steps_measured": len(records), "rollouts_per_step": runs[0]["rollouts_per_step"],
                  "step_s": statistics.median(r["time/step"] for r in records)}
     out["stage_s"] = {k: statistics.median(r.get(f"time/{k}", 0.0) for r in records) for k in STAGES}
-    out["share"] = {k: statistics.median(r.get(f"share/{k}", 0.0) for r in records) for k in STAGES}
+    total = sum(r["time/step"] for r in records)
+    out["share"] = {k: sum(r.get(f"time/{k}", 0.0) for r in records) / total for k in STAGES}
     out["cpu_s"] = sum(run["cpu_s"] for run in runs)
     out["wall_s"] = sum(run["wall_s"] for run in runs)
     total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run

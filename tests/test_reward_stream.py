@@ -126,6 +126,7 @@ def test_one_window_a_round_gives_the_same_scores_with_fewer_runs():
     assert runs[1] < runs[4], runs
 
 
+@pytest.mark.slow  # two 2-step training runs: 38 s of CPU, 44 to 49 s wall at load 6 to 9
 def test_a_streamed_run_equals_an_unstreamed_one_on_the_real_fleet(tmp_path):
     """Every metric but the times, both steps: rewards, advantages, the update (its loss and the
     parameter norm after it). The streamed run also reports the scoring it overlapped."""
