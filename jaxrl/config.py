@@ -229,6 +229,11 @@ class RewardConfig:
         timeout_s: wall-clock limit of one test run (a task's own timeout wins).
         isolation: "auto" (bubblewrap, else rlimits with a warning), "bwrap" or "rlimits".
         threads: concurrent scorer calls in the reward pipeline (None: the workers).
+        stream: score each task's group as soon as the engine has finished its samples, while it
+            decodes the others (the same scores as scoring them all after decoding).
+        window_batch: most windows of one prediction the scorer runs in one round (None: twice the
+            workers). Rounds of many predictions keep the workers busy at 1, which runs no window
+            after a component's first pass; the scores never depend on it.
     """
 
     lam: float = 1 / 3
@@ -237,6 +242,8 @@ class RewardConfig:
     timeout_s: float = 5.0
     isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
     threads: int | None = None
+    stream: bool = True
+    window_batch: int | None = 1
 
     def __post_init__(self):
         if not 0 <= self.lam <= 1:
@@ -247,6 +254,8 @@ class RewardConfig:
             raise ValueError(f"reward.workers must be >= 1, got {self.workers}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"reward.threads must be >= 1, got {self.threads}")
+        if self.window_batch is not None and self.window_batch < 1:
+            raise ValueError(f"reward.window_batch must be >= 1, got {self.window_batch}")
         if not self.timeout_s > 0:
             raise ValueError(f"reward.timeout_s must be positive, got {self.timeout_s}")
 

@@ -38,6 +38,10 @@ class StageTimer:
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
+    def add(self, name: str, seconds: float) -> None:
+        """Seconds measured elsewhere, reported like a stage's (e.g. work that overlapped a stage)."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def metrics(self) -> dict[str, float]:
         """`time/<stage>` seconds, `share/<stage>` of the step, and `time/step`."""
         total = time.perf_counter() - self._start

@@ -12,6 +12,13 @@ call and hands each thread its own results. So every worker stays busy (a scorer
 phase is often a single job), identical programs of different rollouts run once,
 and the pipeline is correct whether or not the fleet's `run` is thread-safe.
 
+Streamed (`reward.stream`), `StreamedScoring` scores each task's group as soon as the
+engine has finished it, while the engine still decodes the others: one
+`RewardPipeline.score_group` call per group on a small thread pool of the step's own,
+through the same dispatcher. A score depends only on its (task, prediction) and the
+fleet's verdicts, not on which pairs share a scorer call, so both paths give the same
+scores.
+
 The reward terms an algorithm takes from each score row live in `jaxrl.algorithms`.
 """
 
@@ -20,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import grain
@@ -42,12 +50,17 @@ class _Dispatcher:
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
         self._requests: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True, name="reward-dispatcher")
         self._thread.start()
 
     def __call__(self, jobs: Sequence[Job]) -> list[RunResult]:
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._requests.put((list(jobs), done))
+        with self._lock:  # every request taken is ahead of close()'s None, so it is served
+            if self._closed:
+                raise RuntimeError("the reward pipeline is closed")
+            self._requests.put((list(jobs), done))
         return done.result()
 
     def _serve(self) -> None:
@@ -77,7 +90,9 @@ class _Dispatcher:
                 at += len(jobs)
 
     def close(self) -> None:
-        self._requests.put(None)
+        with self._lock:
+            self._closed = True
+            self._requests.put(None)
         self._thread.join()
 
 
@@ -100,13 +115,16 @@ class RewardPipeline:
         lam, epsilon, limits: the scorer's settings.
         threads: concurrent scorer calls, each on its chunk of the pairs (default: the fleet's
             worker count).
+        window_batch: most windows of one prediction per scorer round (default: twice the fleet's
+            worker count); it changes the runs made, never a score.
     """
 
-    def __init__(self, fleet: Fleet, lam: float, epsilon: int, limits: Limits, threads: int | None = None):
+    def __init__(self, fleet: Fleet, lam: float, epsilon: int, limits: Limits, threads: int | None = None,
+                 window_batch: int | None = None):
         self.fleet = fleet
         self.threads = threads or fleet.num_workers
         self._dispatcher = _Dispatcher(fleet)
-        self._map = _ScoreChunk(self._dispatcher, lam, epsilon, limits, 2 * fleet.num_workers)
+        self._map = _ScoreChunk(self._dispatcher, lam, epsilon, limits, window_batch or 2 * fleet.num_workers)
 
     def __call__(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
         """Scores in pair order."""
@@ -121,6 +139,72 @@ class RewardPipeline:
         finally:
             it.close()  # its prefetch threads end now, not whenever the iterator is collected
 
+    def score_group(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
+        """Scores of `pairs` in order, computed on the calling thread (test runs through the dispatcher)."""
+        return self._map(list(pairs))
+
     def close(self) -> None:
         """Stop the dispatcher thread (the fleet is the caller's to close)."""
         self._dispatcher.close()
+
+
+def covered_s(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by at least one of the (begin, finish) `intervals`."""
+    total, reached = 0.0, start
+    for begin, finish in sorted(intervals):
+        begin, finish = max(begin, reached), min(finish, end)
+        if finish > begin:
+            total += finish - begin
+            reached = finish
+    return total
+
+
+class StreamedScoring:
+    """One step's scoring, a group at a time as the engine finishes each task's samples.
+
+    A context manager owning `pipeline.threads` threads: `scoring(i, completions)` (the
+    engine's `on_prompt`) queues task i's group, built by `pairs_of(i, completions)`;
+    `scores(n)` waits for groups 0..n−1 and returns their score rows in task order; on
+    exit, groups not started are dropped and running ones finish, so no scoring outlives
+    the step. Each group is timed on its thread: `busy_s(start, end)` is how much of a
+    stage some group's scoring overlapped.
+    """
+
+    def __init__(self, pipeline: RewardPipeline,
+                 pairs_of: Callable[[int, Sequence[object]], list[tuple[Task, Prediction]]]):
+        self.pipeline, self.pairs_of = pipeline, pairs_of
+        self._pool = concurrent.futures.ThreadPoolExecutor(pipeline.threads, thread_name_prefix="reward-group")
+        self._futures: dict[int, concurrent.futures.Future[list[Score]]] = {}
+        self._intervals: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> StreamedScoring:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __call__(self, i: int, completions: Sequence[object]) -> None:
+        if i in self._futures:
+            raise RuntimeError(f"the engine reported prompt {i} twice")
+        self._futures[i] = self._pool.submit(self._score, self.pairs_of(i, completions))
+
+    def _score(self, pairs: list[tuple[Task, Prediction]]) -> list[Score]:
+        begin = time.perf_counter()
+        try:
+            return self.pipeline.score_group(pairs)
+        finally:
+            with self._lock:
+                self._intervals.append((begin, time.perf_counter()))
+
+    def scores(self, groups: int) -> list[Score]:
+        """The score rows of groups 0..groups−1 in task order, once each was reported and scored."""
+        missing = [i for i in range(groups) if i not in self._futures]
+        if missing:
+            raise RuntimeError(f"the engine never reported prompts {missing[:5]} as finished")
+        return [s for i in range(groups) for s in self._futures[i].result()]
+
+    def busy_s(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (`time.perf_counter`) during which some group was being scored."""
+        with self._lock:
+            return covered_s(self._intervals, start, end)

@@ -211,7 +211,8 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         run.fleet = fleet if fleet is not None else stack.enter_context(contextlib.closing(
             Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)))
         run.scorer = stack.enter_context(contextlib.closing(R.RewardPipeline(
-            run.fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads)))
+            run.fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
+            cfg.reward.window_batch)))
         if hosts.is_primary():
             run.writer = stack.enter_context(contextlib.closing(
                 M.MetricsWriter(out, cfg.run.tensorboard, start if resume else None)))

@@ -10,6 +10,13 @@ completion g of task n); each stage fills its columns:
     update      jaxrl.train_step           the jitted, sharded, micro-batched update
     push        engine.update_weights      the new weights to the engine
 
+With `reward.stream` (the default) the two first stages overlap: the engine reports each
+task's group as soon as its G samples have stopped (`Engine.generate_each`) and
+`jaxrl.rewards.StreamedScoring` scores it while the engine decodes the others; `score`
+then waits only for what is left. The update is unchanged: the same samples, the same
+weights, the same scores. `time/reward` is the wait after decoding, `time/reward_overlap`
+the part of `time/rollout` during which groups were being scored.
+
 A new rollout kind replaces `sample` (and, where its rows differ, `update`'s batch):
 with `rollout.agent` set, rows are multi-turn episodes (`jaxrl.agent.train`: the final
 file is the prediction, each episode one update row). A new algorithm is an entry of
@@ -19,7 +26,9 @@ file is the prediction, each episode one update row). A new algorithm is an entr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -37,7 +46,7 @@ from jaxrl.rollout import Completion, SamplingParams
 from jaxrl.tasks import Rendered
 from jaxrl.train_step import TrainState
 from models import sharding as msh
-from reward.schema import Task
+from reward.schema import Prediction, Task
 from reward.score import Score
 
 if TYPE_CHECKING:
@@ -71,8 +80,10 @@ class Rollouts:
         return [list(self.completions[i:i + g]) for i in range(0, len(self.completions), g)]
 
 
-def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
-    """G completions (or episodes, with `rollout.agent`) per task from the engine, with the step's seed."""
+def sample(run: Run, tasks: Sequence[Rendered], index: int,
+           on_group: Callable[[int, list[Completion]], None] | None = None) -> Rollouts:
+    """G completions (or episodes, with `rollout.agent`) per task from the engine, with the step's seed;
+    `on_group(i, completions)` as soon as task i's are final (single-turn rollouts only)."""
     r = run.cfg.rollout
     seed = int(jax.random.randint(jax.random.fold_in(run.rng, index), (), 0, 2 ** 31 - 1))
     params = SamplingParams.of(r, n=r.group_size, seed=seed)
@@ -80,6 +91,8 @@ def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
         if r.agent is not None:
             episodes = agent_train.sample_episodes(run.engine, run.tokenizer, [t.task for t in tasks], r.group_size,
                                                    params, run.cfg)
+        elif on_group is not None:
+            groups = run.engine.generate_each([t.prompt_ids for t in tasks], params, on_group)
         else:
             groups = run.engine.generate([t.prompt_ids for t in tasks], params)
     except Exception as e:  # noqa: BLE001 - any engine failure ends the run resumably
@@ -95,14 +108,24 @@ def sample(run: Run, tasks: Sequence[Rendered], index: int) -> Rollouts:
                     tuple(t.think_opened for t, _ in rows), tuple(c for _, c in rows))
 
 
-def score(run: Run, rollouts: Rollouts) -> Rollouts:
-    """Score rows on the fleet and the algorithm's reward terms of each."""
-    if rollouts.episodes:
+def group_pairs(tasks: Sequence[Rendered], i: int, completions: Sequence[Completion]) -> list[tuple[Task, Prediction]]:
+    """The (task, prediction) pairs of task i's completions."""
+    t = tasks[i]
+    return [(t.task, R.prediction_of(t.task, c.text, t.think_opened)) for c in completions]
+
+
+def score(run: Run, rollouts: Rollouts, streamed: R.StreamedScoring | None = None) -> Rollouts:
+    """Score rows on the fleet (or collect those `streamed` scored during sampling) and the algorithm's
+    reward terms of each."""
+    if streamed is not None:
+        scores = tuple(streamed.scores(len(rollouts.completions) // run.cfg.rollout.group_size))
+    elif rollouts.episodes:
         pairs = [(t, agent_train.prediction_of(e.episode)) for t, e in zip(rollouts.tasks, rollouts.episodes)]
+        scores = tuple(run.scorer(pairs))
     else:
         pairs = [(t, R.prediction_of(t, c.text, opened))
                  for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
-    scores = tuple(run.scorer(pairs))
+        scores = tuple(run.scorer(pairs))
     terms = np.asarray([run.algorithm.term_values(s, t) for s, t in zip(scores, rollouts.tasks)], np.float32)
     return dataclasses.replace(rollouts, scores=scores, terms_RxK=terms.reshape(len(scores), -1))
 
@@ -158,10 +181,20 @@ def step(run: Run, state: TrainState, tasks: Sequence[Rendered], index: int,
          timer: M.StageTimer | None = None) -> tuple[TrainState, dict[str, Any]]:
     """Step `index` (0-based) on this host's `tasks`: the new state and the step's metrics."""
     timer = timer or M.StageTimer()
-    with timer("rollout"):
-        rollouts = sample(run, tasks, index)
-    with timer("reward"):
-        rollouts = score(run, rollouts)
+    if run.cfg.reward.stream and run.cfg.rollout.agent is None:
+        with R.StreamedScoring(run.scorer, functools.partial(group_pairs, tasks)) as streamed:
+            with timer("rollout"):
+                started = time.perf_counter()
+                rollouts = sample(run, tasks, index, streamed)
+                decoded = time.perf_counter()
+            with timer("reward"):
+                rollouts = score(run, rollouts, streamed)
+        timer.add("reward_overlap", streamed.busy_s(started, decoded))
+    else:
+        with timer("rollout"):
+            rollouts = sample(run, tasks, index)
+        with timer("reward"):
+            rollouts = score(run, rollouts)
     with timer("advantages"):
         rollouts, columns, terms, adv_NxG = advantages(run, rollouts)
     with timer("update"):

@@ -316,7 +316,8 @@ class _Validator:
         self.cfg, self.tokenizer, self.mesh, self.rules = cfg, tokenizer, mesh, rules
         self.fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)
         self.scorer = R.RewardPipeline(self.fleet, cfg.reward.lam, cfg.reward.epsilon,
-                                       Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads)
+                                       Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
+                                       cfg.reward.window_batch)
         self.engine = None
 
     def __call__(self, model: nnx.Module, tasks: list, seed: int, step: int) -> dict[str, float]:

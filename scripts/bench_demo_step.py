@@ -1,22 +1,34 @@
-"""Benchmark a demo RL step stage by stage: the earlier setting against today's, in one process.
+"""Benchmark a demo RL step stage by stage: settings of the reward stage side by side, in one process.
 
 On one saved demo base (a `precisecoder demo` output directory, or `base{b}` in it:
 `base/` and `data/`), each round runs GRPO then PreciseCoder for --steps steps under
-both settings, alternating, so that machine load hits both alike:
+each chosen setting (--settings), the order reversed every other round, so that machine
+load hits all alike:
 
 - `old`: 12 tasks × G = 8, each trainer run with its own sandbox fleet (a cold verdict
-  cache), no persistent compilation cache: the demo before the paper's protocol;
+  cache), scored after decoding: the demo before the paper's protocol;
 - `new`: 16 tasks × G = 6, both runs on one fleet whose verdict cache is seeded with the
-  domain's known verdicts (`jaxrl.demo.run.seed_fleet`) and shared, as in the demo.
+  domain's known verdicts (`jaxrl.demo.run.seed_fleet`) and shared, scored after decoding,
+  up to twice the workers' count of one prediction's windows in a scorer round;
+- `streamed`: `new` with each group scored as soon as its samples finish, while the engine
+  decodes the others (`reward.stream`);
+- `streamed_wb1`: `streamed` with one window of a prediction a round (`reward.window_batch`
+  1), so no window runs after a component's first pass: the trainer's default.
+
+The settings from `new` on must write the same metrics; the bench checks it.
 
 From the trainer's `time/` metrics (the first step, which compiles, left out) it
-prints per setting the median seconds of each stage, its share of the step, the
-step's median and the new/old ratio; the CPU seconds of this process per step (JAX and
-the scorer's Python; the sandbox runs are not in it: their processes are reaped inside the
-sandbox's own pid namespaces), which load inflates far less than wall time; and the
-fleet's runs and cache hits, the fleet's work whatever the load. With --json one object.
+prints per setting the median seconds of each stage and its share of the time of all
+measured steps (`reward` is what is left after decoding; `reward_overlap`, part of `rollout`, the
+scoring done during it), the step's median and each setting's ratio to the first; the CPU
+seconds of this process per step (JAX and the scorer's Python; the sandbox runs are not in
+it: their processes are reaped inside the sandbox's own pid namespaces), which load
+inflates far less than wall time; the fleet's runs and cache hits, the fleet's work
+whatever the load; and whether the settings from `new` on wrote the same metrics (every key
+but the times). With --json one object.
 
-    scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--json]
+    scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--settings new,streamed,streamed_wb1]
+        [--segment N] [--json]
 """
 
 from __future__ import annotations
@@ -31,9 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = ("data", "rollout", "reward", "advantages", "update", "push", "save")
-SETTINGS = {"old": {"tasks_per_step": 12, "group_size": 8, "shared": False},
-            "new": {"tasks_per_step": 16, "group_size": 6, "shared": True}}
+STAGES = ("data", "rollout", "reward_overlap", "reward", "advantages", "update", "push", "save")
+SETTINGS = {"old": {"tasks_per_step": 12, "group_size": 8, "shared": False, "stream": False, "window_batch": None},
+            "new": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": False, "window_batch": None},
+            "streamed": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": True, "window_batch": None},
+            "streamed_wb1": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": True,
+                             "window_batch": 1}}
 
 
 def cpu_seconds() -> float:
@@ -42,8 +57,9 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime
 
 
-def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
-    """GRPO then PreciseCoder for `steps` steps under setting `name`; the per-step records and costs."""
+def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int | None = None) -> dict:
+    """GRPO then PreciseCoder for `steps` steps under setting `name` (the `jax` engine's `segment`, if
+    given); the per-step records and costs."""
     import dataclasses
 
     from jaxrl.config import RewardConfig
@@ -69,9 +85,14 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
         for method in ("grpo", "precisecoder"):
             out = scratch / f"{name}-{method}-{time.monotonic_ns()}"
             fleet = shared or Fleet(workers=min(2, os.cpu_count() or 1))
+            config = rl_config(cfg, 0, method, home / "base", home / "data", out, False)
+            config = dataclasses.replace(config, reward=dataclasses.replace(config.reward, stream=s["stream"],
+                                                                            window_batch=s["window_batch"]))
+            if segment is not None:
+                config = dataclasses.replace(config, rollout=dataclasses.replace(
+                    config.rollout, options={**config.rollout.options, "segment": segment}))
             try:
-                train(rl_config(cfg, 0, method, home / "base", home / "data", out, False),
-                      tokenizer=load_demo_tokenizer(), fleet=fleet)
+                train(config, tokenizer=load_demo_tokenizer(), fleet=fleet)
             finally:
                 fleets.append(dataclasses.asdict(fleet.stats))
                 if fleet is not shared:
@@ -86,13 +107,20 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path) -> dict:
             "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
 
 
+def untimed(records: list[dict]) -> list[dict]:
+    """The records without their wall-clock keys."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "share/"))} for r in records]
+
+
 def summarize(runs: list[dict]) -> dict:
-    """Median seconds and share of each stage and of the step, over all records of the setting's runs."""
+    """Median seconds of each stage and of the step, and each stage's share of the summed step time, over all
+    records of the setting's runs."""
     records = [r for run in runs for r in run["records"]]
     out: dict = {"steps_measured": len(records), "rollouts_per_step": runs[0]["rollouts_per_step"],
                  "step_s": statistics.median(r["time/step"] for r in records)}
     out["stage_s"] = {k: statistics.median(r.get(f"time/{k}", 0.0) for r in records) for k in STAGES}
-    out["share"] = {k: statistics.median(r.get(f"share/{k}", 0.0) for r in records) for k in STAGES}
+    total = sum(r["time/step"] for r in records)
+    out["share"] = {k: sum(r.get(f"time/{k}", 0.0) for r in records) / total for k in STAGES}
     out["cpu_s"] = sum(run["cpu_s"] for run in runs)
     out["wall_s"] = sum(run["wall_s"] for run in runs)
     total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run
@@ -105,44 +133,60 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="a demo output directory (its base/ and data/), or base{b} in it")
     parser.add_argument("--steps", type=int, default=10, help="RL steps per run, the first left out (default 10)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of (old, new) (default 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the settings (default 1)")
+    parser.add_argument("--settings", default="new,streamed,streamed_wb1",
+                        help=f"comma-separated, from {', '.join(SETTINGS)} (default new,streamed,streamed_wb1)")
+    parser.add_argument("--segment", type=int, help="decoding steps per segment of the jax engine (default: "
+                        "the engine's, 64); a prompt's group is reported finished between segments")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     home = Path(args.base).expanduser()
+    names = [n for n in args.settings.split(",") if n]
     if not (home / "base" / "sft.json").is_file() or not (home / "data" / "train.jsonl").is_file():
         print(f"bench_demo_step: {home} has no demo base (base/sft.json) and data (data/train.jsonl)", file=sys.stderr)
         return 2
-    if args.steps < 3 or args.repeats < 1:
-        print("bench_demo_step: --steps must be >= 3 and --repeats >= 1", file=sys.stderr)
+    if args.steps < 3 or args.repeats < 1 or (args.segment is not None and args.segment < 1):
+        print("bench_demo_step: --steps must be >= 3, --repeats and --segment >= 1", file=sys.stderr)
+        return 2
+    if not names or any(n not in SETTINGS for n in names) or len(set(names)) < len(names):
+        print(f"bench_demo_step: --settings takes distinct names from {', '.join(SETTINGS)}", file=sys.stderr)
         return 2
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from absl import flags
 
     flags.FLAGS(sys.argv[:1])
     load = os.getloadavg()
-    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench_demo_step_") as scratch:
-        for _ in range(args.repeats):
-            for name in ("old", "new"):
-                runs[name].append(run_setting(name, home, args.steps, Path(scratch)))
-    result = {name: summarize(r) for name, r in runs.items()}
-    result["ratio_step_new_over_old"] = result["new"]["step_s"] / result["old"]["step_s"]
-    result["ratio_cpu_per_step_new_over_old"] = result["new"]["cpu_s_per_step"] / result["old"]["cpu_s_per_step"]
+        for repeat in range(args.repeats):
+            for name in names if repeat % 2 == 0 else names[::-1]:
+                runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment))
+    result: dict = {name: summarize(r) for name, r in runs.items()}
+    first = names[0]
+    result["ratio_step_to_first"] = {n: result[n]["step_s"] / result[first]["step_s"] for n in names}
+    result["ratio_cpu_per_step_to_first"] = {n: result[n]["cpu_s_per_step"] / result[first]["cpu_s_per_step"]
+                                            for n in names}
+    same = [n for n in names if n != "old"]
+    if len(same) > 1:
+        result["metrics_equal"] = {n: all(untimed(a["records"]) == untimed(b["records"])
+                                          for a, b in zip(runs[same[0]], runs[n])) for n in same[1:]}
     result |= {"load_average_at_start": load, "load_average_at_end": os.getloadavg(), "base": str(home),
-               "steps": args.steps, "repeats": args.repeats}
+               "steps": args.steps, "repeats": args.repeats, "settings": names, "segment": args.segment}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"load average {load[0]:.1f} at start, {result['load_average_at_end'][0]:.1f} at end")
     print("| setting | rollouts | step s | " + " | ".join(STAGES) + " | CPU s a step | test runs | cache hits |")
     print("|---" * (len(STAGES) + 6) + "|")
-    for name in ("old", "new"):
+    for name in names:
         r = result[name]
         print(f"| {name} | {r['rollouts_per_step']} | {r['step_s']:.2f} | "
               + " | ".join(f"{r['stage_s'][k]:.2f} ({100 * r['share'][k]:.0f} %)" for k in STAGES)
               + f" | {r['cpu_s_per_step']:.2f} | {r['fleet']['runs']} | {r['fleet']['cache_hits']} |")
-    print(f"new/old: step {result['ratio_step_new_over_old']:.2f}x, "
-          f"CPU a step {result['ratio_cpu_per_step_new_over_old']:.2f}x")
+    print(", ".join(f"{n}/{first}: step {result['ratio_step_to_first'][n]:.2f}x, CPU a step "
+                    f"{result['ratio_cpu_per_step_to_first'][n]:.2f}x" for n in names[1:]))
+    for n, equal in result.get("metrics_equal", {}).items():
+        print(f"{n}'s metrics equal {same[0]}'s (every key but the times): {equal}")
     return 0
 
 

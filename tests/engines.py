@@ -69,13 +69,17 @@ class ScriptedEngine(Engine):
         self.tasks_by_prompt = tasks_by_prompt
         self.logprob = logprob
 
+    def code(self, task, g):
+        """The program of completion g of `task`."""
+        return task.solution if g % 2 == 0 else task.buggy_code
+
     def generate(self, prompts, params: SamplingParams):
         out = []
         for p in prompts:
             task = self.tasks_by_prompt[tuple(p)]
             group = []
             for g in range(params.n):
-                code = task.solution if g % 2 == 0 else task.buggy_code
+                code = self.code(task, g)
                 text = f"<think>\nok\n</think>\n\n```python\n{code}\n```"  # the stop token is in `tok` only
                 tok = tuple(self.tokenizer.encode(text + "<|im_end|>"))[: params.max_tokens]
                 group.append(Completion(tok, (self.logprob,) * len(tok), "stop", text, "ok", code,
@@ -87,13 +91,14 @@ class ScriptedEngine(Engine):
         pass
 
 
-def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, prompt="minimal", logprob=-12.0, **_):
-    """`ScriptedEngine` over the tasks of a JSONL file (`rollout.options.tasks`, `prompt`, `logprob`)."""
+def _scripted_from_file(model, tokenizer, mesh=None, rules=None, tasks=None, prompt="minimal", logprob=-12.0,
+                        cls=ScriptedEngine, **_):
+    """`cls` (a `ScriptedEngine`) over the tasks of a JSONL file (`rollout.options.tasks`, `prompt`, `logprob`)."""
     from jaxrl.tasks import render
     from reward.schema import load_tasks
 
     by_prompt = {render(t, tokenizer, prompt).prompt_ids: t for t in load_tasks(tasks)}
-    return ScriptedEngine(tokenizer, by_prompt, logprob)
+    return cls(tokenizer, by_prompt, logprob)
 
 
 @register_engine("test-decoder")

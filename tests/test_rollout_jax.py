@@ -184,6 +184,37 @@ def test_samples_of_one_prompt_over_max_rows_run_in_batches_of_at_most_max_rows(
     assert max(rows for rows, _ in seen) == 3 and {chunk for _, chunk in seen} == {1}
 
 
+def test_generate_each_reports_each_prompt_once_as_soon_as_its_samples_stop(qwen3, monkeypatch):
+    """`generate_each` calls back every prompt once, with the completions `generate` returns, right after
+    the segment in which its last sample stopped: before decoding ends for prompts that stop early. Also
+    when a prompt's samples are split over batches (reported after its last batch)."""
+    model, _ = qwen3
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=14, thinking_budget=None, seed=7,
+                            stop_token_ids=tuple(range(1, model.config.vocab_size, 6)))  # one token in six stops
+    want = JaxEngine(model).generate(PROMPTS, params)
+    segments, reported = [0], {}
+    segment = jax_engine._segment
+    monkeypatch.setattr(jax_engine, "_segment", lambda *a, **k: segments.__setitem__(0, segments[0] + 1)
+                        or segment(*a, **k))
+
+    def on_prompt(i, group):
+        assert i not in reported
+        reported[i] = (segments[0], [c.token_ids for c in group])
+
+    got = JaxEngine(model, segment=4).generate_each(PROMPTS, params, on_prompt)
+    ids = [[c.token_ids for c in g] for g in want]
+    assert [[c.token_ids for c in g] for g in got] == ids
+    assert {i: r[1] for i, r in reported.items()} == dict(enumerate(ids))
+    stopped_in = [-(-max(len(t) for t in g) // 4) for g in ids]  # the segment of each prompt's last stop
+    assert [reported[i][0] for i in range(len(PROMPTS))] == stopped_in
+    assert min(stopped_in) < segments[0], (stopped_in, segments[0])  # some prompt was reported early
+
+    segments[0], reported = 0, {}
+    split = JaxEngine(model, max_rows=2, segment=4).generate_each(PROMPTS, params, on_prompt)
+    assert [[c.token_ids for c in g] for g in split] == ids and sorted(reported) == [0, 1, 2]
+    assert {i: r[1] for i, r in reported.items()} == dict(enumerate(ids))
+
+
 def test_sampling_in_row_chunks_bounds_the_segments_temporaries():
     """XLA's own accounting of the compiled segment (scripts/rollout_memory.py) on a 32,768-token
     vocabulary: drawing 8 of 64 rows at a time needs far fewer temporary bytes than drawing all 64,

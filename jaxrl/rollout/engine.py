@@ -80,6 +80,16 @@ class Engine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """`params.n` completions for each prompt (token ids), in prompt order."""
 
+    def generate_each(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                      on_prompt: Callable[[int, list[Completion]], None]) -> list[list[Completion]]:
+        """`generate`, also calling `on_prompt(i, completions)` once per prompt as soon as its completions
+        are final, so a caller can start on them while the others are sampled. This default calls it for
+        every prompt at the end, in order; an engine that knows sooner overrides it."""
+        groups = self.generate(prompts, params)
+        for i, group in enumerate(groups):
+            on_prompt(i, group)
+        return groups
+
     @abc.abstractmethod
     def update_weights(self, model: Any, *, step: int) -> None:
         """Serve `model`'s current weights from now on (after an RL update at `step`)."""

@@ -41,7 +41,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -341,6 +341,16 @@ class JaxEngine(Engine):
         process order make one global batch sampled with process 0's seed, and each
         host gets its own completions.
         """
+        return self._generate(prompts, params, None)
+
+    def generate_each(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                      on_prompt: Callable[[int, list[Completion]], None]) -> list[list[Completion]]:
+        """`generate`, calling `on_prompt(i, completions)` between decoding segments as soon as every
+        sample of this host's prompt i has stopped (the samples are those `generate` returns)."""
+        return self._generate(prompts, params, on_prompt)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                  on_prompt: Callable[[int, list[Completion]], None] | None) -> list[list[Completion]]:
         prompts = [list(map(int, p)) for p in prompts]
         for i, p in enumerate(prompts):
             if not p:
@@ -352,11 +362,17 @@ class JaxEngine(Engine):
         local = prompts + [prompts[0] if prompts else [0]] * (width - len(prompts))
         lengths = [ls + [ls[0] if ls else 1] * (width - len(ls)) for ls in lengths]
         results: list[list[Completion]] = [[] for _ in local]
+
+        def finished(a: int, p: int, group: list[Completion]) -> None:
+            """The samples of batch prompt `p` (prompt a + p) of one batch have stopped."""
+            results[a + p] += group
+            if on_prompt is not None and a + p < len(prompts) and len(results[a + p]) == params.n:
+                on_prompt(a + p, results[a + p])
+
         for a, b, samples in self._batches(width, params.n):
             length = bucket_length(max(max(ls[a:b]) for ls in lengths))
-            groups = self._generate_batch(local[a:b], range(offset + a, offset + b), samples, length, params, seed)
-            for i, group in zip(range(a, b), groups):
-                results[i] += group
+            self._generate_batch(local[a:b], range(offset + a, offset + b), samples, length, params, seed,
+                                 functools.partial(finished, a))
         return results[:len(prompts)]
 
     def _share(self, lengths: list[int], params: SamplingParams) -> tuple[list[list[int]], int, int]:
@@ -388,11 +404,17 @@ class JaxEngine(Engine):
         return hosts.from_host_rows(np.asarray(x), self._row_sharding)
 
     def _generate_batch(self, prompts: list[list[int]], index: range, samples: range, length: int,
-                        params: SamplingParams, seed: int) -> list[list[Completion]]:
-        """Samples `samples` of `prompts` (global prompt indices `index`), left-padded to `length`."""
+                        params: SamplingParams, seed: int,
+                        finished: Callable[[int, list[Completion]], None]) -> None:
+        """Samples `samples` of `prompts` (global prompt indices `index`), left-padded to `length`;
+        `finished(p, completions)` as soon as every sample of prompt p has stopped."""
         sampling = decode.SamplingParams(params.temperature, params.top_p, params.top_k)
         consts = self._consts(params)
         opened = [self._opens(p) for p in prompts]
+        stops = set(int(x) for x in np.asarray(consts.stop_ids) if x >= 0)
+        spec = dataclasses.replace(self.tokens, stop_ids=tuple(stops))
+        decode_text = None if self.tokenizer is None else self.tokenizer.decode
+        left = {p: len(samples) for p in range(len(prompts))}  # samples of prompt p still decoding
         max_len = length + -(-params.max_tokens // self.segment) * self.segment
         meta = [(p, s) for p in range(len(prompts)) for s in samples]
         n_rows = bucket_rows(len(meta), self._host_multiple)
@@ -420,6 +442,7 @@ class JaxEngine(Engine):
                           self._put(np.asarray(prompt_of_row, np.int32)), self._put(keys), self._put(valid),
                           self._put(in_think), consts.budget, max_len=max_len)
             out: dict[tuple[int, int], tuple[list, list, list]] = {m: ([], [], []) for m in meta if m}
+            final: dict[tuple[int, int], Completion] = {}
             counts = np.zeros(n_rows, np.int64)
             while True:
                 block = (self._slot * n_rows, (self._slot + 1) * n_rows)
@@ -436,6 +459,12 @@ class JaxEngine(Engine):
                             buf.extend(src[r, :k].tolist())
                 # Whether to go on and how far to compact: decided alike on every host, from every host's rows.
                 done = hosts.all_rows(rows.done).reshape(self._hosts, n_rows)
+                for r, m in enumerate(meta):
+                    if m and done[self._slot, r] and m not in final:
+                        final[m] = self._completion(*out.pop(m), opened[m[0]], stops, spec, decode_text)
+                        left[m[0]] -= 1
+                        if not left[m[0]]:
+                            finished(m[0], [final[(m[0], s)] for s in samples])
                 most = int((~done).sum(axis=1).max())
                 if not most:
                     break
@@ -451,18 +480,12 @@ class JaxEngine(Engine):
                     n_rows = smaller
                 counts = new_counts
 
-        stops = set(int(x) for x in np.asarray(consts.stop_ids) if x >= 0)
-        decode_text = None if self.tokenizer is None else self.tokenizer.decode
-        results = []
-        for p in range(len(prompts)):
-            group = []
-            for s in samples:
-                toks, lps, frc = out[(p, s)]
-                stopped = bool(toks) and toks[-1] in stops and not frc[-1]
-                group.append(make_completion(toks, lps, frc, "stop" if stopped else "length", opened[p],
-                                             dataclasses.replace(self.tokens, stop_ids=tuple(stops)), decode_text))
-            results.append(group)
-        return results
+    @staticmethod
+    def _completion(toks: list[int], lps: list[float], frc: list[bool], opened: bool, stops: set[int],
+                    spec: TokenSpec, decode_text: Any) -> Completion:
+        """The completion of one stopped row from its collected tokens, log-probs and forced flags."""
+        stopped = bool(toks) and toks[-1] in stops and not frc[-1]
+        return make_completion(toks, lps, frc, "stop" if stopped else "length", opened, spec, decode_text)
 
     def _mesh_context(self):
         if self.mesh is None:
