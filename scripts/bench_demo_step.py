@@ -57,9 +57,10 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime
 
 
-def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int | None = None) -> dict:
+def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int | None = None,
+                workers: int | None = None) -> dict:
     """GRPO then PreciseCoder for `steps` steps under setting `name` (the `jax` engine's `segment`, if
-    given); the per-step records and costs."""
+    given; `workers` sandbox workers, default the demo's); the per-step records and costs."""
     import dataclasses
 
     from jaxrl.config import RewardConfig
@@ -76,7 +77,8 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
     cpu0 = cpu_seconds()
     start = time.perf_counter()
     records, fleets = [], []
-    shared = Fleet(workers=min(2, os.cpu_count() or 1)) if s["shared"] else None
+    workers = workers or min(2, os.cpu_count() or 1)  # the demo's fleet
+    shared = Fleet(workers=workers) if s["shared"] else None
     if shared is not None:
         tasks = [*read_tasks(home / "data" / "train.jsonl", "train"), *read_tasks(home / "data" / "test.jsonl", "test"),
                  *read_tasks(home / "data" / "clean.jsonl", "clean")]
@@ -84,7 +86,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
     try:
         for method in ("grpo", "precisecoder"):
             out = scratch / f"{name}-{method}-{time.monotonic_ns()}"
-            fleet = shared or Fleet(workers=min(2, os.cpu_count() or 1))
+            fleet = shared or Fleet(workers=workers)
             config = rl_config(cfg, 0, method, home / "base", home / "data", out, False)
             config = dataclasses.replace(config, reward=dataclasses.replace(config.reward, stream=s["stream"],
                                                                             window_batch=s["window_batch"]))
@@ -138,6 +140,7 @@ def main() -> int:
                         help=f"comma-separated, from {', '.join(SETTINGS)} (default new,streamed,streamed_wb1)")
     parser.add_argument("--segment", type=int, help="decoding steps per segment of the jax engine (default: "
                         "the engine's, 64); a prompt's group is reported finished between segments")
+    parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(2, cores))")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     home = Path(args.base).expanduser()
@@ -160,7 +163,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_demo_step_") as scratch:
         for repeat in range(args.repeats):
             for name in names if repeat % 2 == 0 else names[::-1]:
-                runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment))
+                runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment, args.workers))
     result: dict = {name: summarize(r) for name, r in runs.items()}
     first = names[0]
     result["ratio_step_to_first"] = {n: result[n]["step_s"] / result[first]["step_s"] for n in names}
