@@ -359,6 +359,7 @@ def test_the_trainers_validation_reports_evals_numbers(tok, fleet):
     cfg = load_config("tiny")
     pipeline = RewardPipeline(fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s))
     metrics = validate(TableEngine(tok), tok, pipeline, TASKS, cfg, seed=3)
+    pipeline.close()
     summary = evaluate(TableEngine(tok), tok, TASKS, eval_settings(cfg, 3), fleet).summary
     for name in ("pass", "precision", "recall", "f1", "lines"):
         assert metrics[f"val/{name}"] == pytest.approx(summary["buggy"][name]["value"])
@@ -392,6 +393,7 @@ def test_validation_on_several_hosts_samples_equal_batches_and_reports_every_tas
             payloads.__setitem__(index, obj) or [payloads.get(0, obj), payloads.get(1, obj)]))
         engines.append(TableEngine(tok))
         metrics.append(validate(engines[-1], tok, pipeline, TASKS, cfg, seed=3))
+    pipeline.close()
     assert [[len(texts) for texts, _ in e.calls] for e in engines] == [[2, 1], [2, 1]]
     assert all(PAD not in d["task_id"] for obj in payloads.values() for d in obj[0])
     assert metrics[1] == pytest.approx(single)
