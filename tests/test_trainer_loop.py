@@ -212,8 +212,8 @@ def test_the_jax_engine_compiles_its_programs_once_across_weight_pushes(tmp_path
             if name and name.group(1) in ENGINE_PROGRAMS:
                 compiles.append(name.group(1))
 
-    def sample(run, tasks, index, _sample=jaxrl.step.sample):
-        rollouts = _sample(run, tasks, index)
+    def sample(run, tasks, index, *streamed, _sample=jaxrl.step.sample):
+        rollouts = _sample(run, tasks, index, *streamed)
         per_rollout.append(list(compiles))
         compiles.clear()
         return rollouts
