@@ -8,9 +8,11 @@ repeated programs. Results come back in pair order.
 
 The threads do not call `Fleet.run` themselves: their job batches go to one
 dispatcher thread, which sends whatever has arrived meanwhile as one `Fleet.run`
-call and hands each thread its own results. So every worker stays busy (a scorer
-phase is often a single job), identical programs of different rollouts run once,
-and the pipeline is correct whether or not the fleet's `run` is thread-safe.
+call, on a thread of its own, and hands each scorer thread its own results. A call
+in flight never holds back the batches that arrive after it (the fleet shares its
+workers between concurrent calls, and an identical job already running in another
+call waits for that run), so every worker stays busy while any scorer has a run to
+make: a scorer phase is often a single job, and a batch is as slow as its slowest run.
 
 Streamed (`reward.stream`), `StreamedScoring` scores each task's group as soon as the
 engine has finished it, while the engine still decodes the others: one
@@ -52,6 +54,8 @@ class _Dispatcher:
         self._requests: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
+        self._calls = concurrent.futures.ThreadPoolExecutor(2 * fleet.num_workers,
+                                                            thread_name_prefix="reward-dispatcher-call")
         self._thread = threading.Thread(target=self._serve, daemon=True, name="reward-dispatcher")
         self._thread.start()
 
@@ -78,22 +82,26 @@ class _Dispatcher:
                     self._requests.put(None)
                     break
                 batch.append(nxt)
-            try:
-                results = self.fleet.run([job for jobs, _ in batch for job in jobs])
-            except Exception as e:  # noqa: BLE001 - every waiting caller gets the error
-                for _, done in batch:
-                    done.set_exception(e)
-                continue
-            at = 0
-            for jobs, done in batch:
-                done.set_result(results[at:at + len(jobs)])
-                at += len(jobs)
+            self._calls.submit(self._run, batch)
+
+    def _run(self, batch: list[tuple[list[Job], concurrent.futures.Future]]) -> None:
+        try:
+            results = self.fleet.run([job for jobs, _ in batch for job in jobs])
+        except Exception as e:  # noqa: BLE001 - every waiting caller gets the error
+            for _, done in batch:
+                done.set_exception(e)
+            return
+        at = 0
+        for jobs, done in batch:
+            done.set_result(results[at:at + len(jobs)])
+            at += len(jobs)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._requests.put(None)
         self._thread.join()
+        self._calls.shutdown(wait=True)
 
 
 class _ScoreChunk:

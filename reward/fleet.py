@@ -95,6 +95,7 @@ class Fleet:
         for slot in range(self.num_workers):
             self._idle.put(slot)
         self._lock = threading.Lock()
+        self._running: dict[str, _Running] = {}
         self._closed = False
         self._deadlines: dict[int, float] = {}  # slot -> when its current job's worker is killed
         self._watchdog_fired: set[int] = set()
@@ -144,6 +145,8 @@ class Fleet:
     def run(self, jobs: Sequence[Job], progress: bool | str = False) -> list[RunResult]:
         """Run `jobs` in parallel and return their results in the same order.
 
+        A job identical to one another call is running waits for that run's result.
+
         Never raises for one bad job: whatever goes wrong around a job becomes
         that job's `error` result, with the reason in `stderr`.
 
@@ -153,6 +156,7 @@ class Fleet:
         """
         results: list[RunResult | None] = [None] * len(jobs)
         todo: dict[str, list[int]] = {}
+        elsewhere: dict[str, tuple[_Running, list[int]]] = {}  # running in another call: its result
         with self._lock:
             for i, job in enumerate(jobs):
                 try:
@@ -168,9 +172,32 @@ class Fleet:
                 elif self.cache_enabled and key in todo:
                     todo[key].append(i)
                     self.stats.cache_hits += 1
+                elif self.cache_enabled and key in self._running:
+                    elsewhere.setdefault(key, (self._running[key], []))[1].append(i)
+                    self.stats.cache_hits += 1
                 else:
                     todo.setdefault(key if self.cache_enabled else f"{key}#{i}", []).append(i)
+            if self.cache_enabled:
+                for key in todo:
+                    self._running[key] = _Running()
             self.stats.jobs += len(jobs)
+        try:
+            self._serve(jobs, todo, results, progress)
+        finally:  # our runs end before we wait for another call's: no two calls wait on each other
+            with self._lock:
+                for key, indices in todo.items():
+                    running = self._running.pop(key, None)
+                    if running is not None:
+                        running.finish(results[indices[0]] or _error("sandbox lost the job"))
+        for running, indices in elsewhere.values():
+            result = dataclasses.replace(running.wait(), cached=True)
+            for i in indices:
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _serve(self, jobs: Sequence[Job], todo: dict[str, list[int]], results: list[RunResult | None],
+               progress: bool | str) -> None:
+        """Run each job of `todo` once on the idle workers and fill `results` at every index of its key."""
         work: queue.Queue = queue.Queue()
         for key, indices in todo.items():
             work.put((key, jobs[indices[0]]))
@@ -208,7 +235,6 @@ class Fleet:
             result = done.get(key) or _error("sandbox lost the job")
             for j, i in enumerate(indices):
                 results[i] = result if j == 0 else dataclasses.replace(result, cached=True)
-        return results  # type: ignore[return-value]
 
     def _run_job(self, slot: int, job: Job) -> RunResult:
         """One job on worker `slot`: timeouts retried as configured, any exception an `error` result."""
@@ -314,6 +340,22 @@ class Fleet:
     def worker_uids(self) -> list[int]:
         """Real uids of the live sandboxes (two per worker; root only; for tests and monitoring)."""
         return [uid for w in self._workers if w is not None and w.alive() for uid in w.uids]
+
+
+class _Running:
+    """A job one call of `Fleet.run` is running, whose result other calls wait for."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._result: RunResult | None = None
+
+    def finish(self, result: RunResult) -> None:
+        self._result = result
+        self._done.set()
+
+    def wait(self) -> RunResult:
+        self._done.wait()
+        return self._result  # type: ignore[return-value]
 
 
 def _error(message: str) -> RunResult:

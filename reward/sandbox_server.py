@@ -32,7 +32,6 @@ import builtins
 import copy
 import ctypes
 import fcntl
-import functools
 import json
 import operator
 import os
@@ -124,10 +123,105 @@ def fork_in_new_pid_namespace(own_namespace):
     return pid
 
 
-def enter_run_namespaces():
-    """Give a spare (already pid 1 of its pid namespace) a fresh user, mount, IPC and network namespace."""
+def enter_run_namespaces(network):
+    """Put a spare (already pid 1 of its pid namespace) into the network namespace lent to it and a
+    fresh user, mount and IPC namespace.
+
+    The network namespace is entered first, while the spare is still in the zygote's user namespace:
+    that namespace owns it, so the run holds no capability over it (it can bring up no device, set no
+    sysctl) and can leave nothing in it but sockets, which `network_is_empty` sees.
+    """
+    _check(libc.setns(network, CLONE_NEWNET), "setns(net)")
     enter_user_namespace()
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(mount, ipc, net)")
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(mount, ipc)")
+
+
+# A network namespace's state that a run without capabilities over it can leave behind, as
+# /proc/net/sockstat{,6} and ip6_flowlabel show it: every socket of any family (sockets in flight in
+# an SCM_RIGHTS cycle included), TCP TIME_WAIT entries (not sockets), IP fragment queues. The other
+# figures of those files (orphans, allocations, memory of TCP and UDP) are the whole kernel's.
+EMPTY_NETWORK = {("sockets", "used"), ("TCP", "tw"), ("FRAG", "memory"), ("FRAG6", "memory")}
+REUSE_NETWORK = True  # False: a new network namespace for every run (bench_sandbox.py prices the reuse)
+
+
+def network_is_empty(sockstat, sockstat6, flowlabels):
+    """True when the texts of a namespace's sockstat, sockstat6 (None without IPv6) and ip6_flowlabel
+    (None without IPv6) show none of `EMPTY_NETWORK` and no flow label; unreadable or unknown: False."""
+    seen = set()
+    for line in (sockstat + (sockstat6 or "")).splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        for key, value in zip(fields[::2], fields[1::2]):
+            if (name, key) in EMPTY_NETWORK:
+                if value != "0":
+                    return False
+                seen.add((name, key))
+    required = {f for f in EMPTY_NETWORK if sockstat6 is not None or not f[0].endswith("6")}
+    return seen == required and (flowlabels is None or len(flowlabels.splitlines()) <= 1)
+
+
+def _read_net(name, optional=False):
+    try:
+        fd = os.open(f"/proc/thread-self/net/{name}", os.O_RDONLY)
+    except FileNotFoundError:
+        if optional:
+            return None
+        raise
+    try:
+        return os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
+
+
+class NetworkNamespaces:
+    """The runs' network namespaces, made by the zygote and lent one to each spare.
+
+    A namespace comes back when its run process has been reaped (and with it every process of
+    the run's pid namespace); it is lent again only if `network_is_empty` holds for it then, else it
+    is closed and the kernel frees it. Making a namespace and freeing it is the largest fixed cost
+    of a run; an empty one is as clean as a new one for a run that can change only its sockets.
+    """
+
+    def __init__(self):
+        _check(libc.unshare(CLONE_NEWNET), "unshare(net)")  # a home our user namespace owns
+        self.home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        self.free, self.lent = [], {}
+        self.made = self.reused = 0
+
+    def lend(self):
+        """A namespace for the next spare (its descriptor, which the spare closes with the rest)."""
+        if self.free:
+            self.reused += 1
+            return self.free.pop()
+        _check(libc.unshare(CLONE_NEWNET), "unshare(net)")
+        try:
+            self.made += 1
+            return os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        finally:
+            _check(libc.setns(self.home, CLONE_NEWNET), "setns(net)")
+
+    def lent_to(self, pid, network):
+        self.lent[pid] = network
+
+    def returned(self, pid):
+        """Spare `pid` was reaped: keep its namespace if the run left it empty."""
+        network = self.lent.pop(pid, None)
+        if network is None:
+            return
+        clean = False
+        if REUSE_NETWORK:
+            _check(libc.setns(network, CLONE_NEWNET), "setns(net)")
+            try:
+                clean = network_is_empty(_read_net("sockstat"), _read_net("sockstat6", True),
+                                         _read_net("ip6_flowlabel", True))
+            except OSError:
+                clean = False
+            finally:
+                _check(libc.setns(self.home, CLONE_NEWNET), "setns(net)")
+        if clean:
+            self.free.append(network)
+        else:
+            os.close(network)
 
 
 def drop_capabilities():
@@ -397,15 +491,16 @@ def finish(code):
     os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
-def child_main(host, isolated, processes_in_use):
+def child_main(host, isolated, processes_in_use, network=None):
     """Body of a run process (pid 1 of its namespaces when isolated). Never returns.
 
     It is forked as a spare before any request exists; the host takes it for a
-    run by sending the run's descriptors, then the job.
+    run by sending the run's descriptors, then the job. `network`: the network
+    namespace lent to it (isolated only).
     """
     try:
         if isolated:
-            enter_run_namespaces()
+            enter_run_namespaces(network)
         host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the host learns our pid from the kernel
         new_session_keyring()
         send_frame(host, {"op": "hello"})
@@ -423,6 +518,8 @@ def child_main(host, isolated, processes_in_use):
             # tmpfs hides the zygote's processes (and its memory) from the run instead.
             mount_tmpfs("/proc", 1)
             if limits.get("loopback"):
+                # a namespace of its own, whose loopback it may bring up (and nobody else's)
+                _check(libc.unshare(CLONE_NEWNET), "unshare(net)")
                 loopback_up()
             drop_capabilities()
         os.setsid()  # kill(0, ...) from the run reaches only the run
@@ -456,15 +553,23 @@ def zygote_main():
     control = socket.socket(fileno=int(sys.argv[1]))
     isolated = sys.argv[2] == "isolated"
     processes_in_use = int(sys.argv[3])
-    fork = os.fork
+    fork, networks, lending = os.fork, None, [None]  # lending[0]: the namespace of the spare being forked
     if isolated:
         enter_user_namespace()
+        networks = NetworkNamespaces()
         become_pid_namespace_init(control)
         own_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        fork = functools.partial(fork_in_new_pid_namespace, own_namespace)
+
+        def fork():
+            lending[0] = networks.lend()
+            pid = fork_in_new_pid_namespace(own_namespace)
+            if pid:
+                networks.lent_to(pid, lending[0])
+            return pid
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     control.send(frame({"op": "ready"})[4:])
-    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use), fork)
+    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use, lending[0]), fork,
+                 reaped=networks.returned if networks else None)
 
 
 if __name__ == "__main__":

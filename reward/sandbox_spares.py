@@ -33,8 +33,9 @@ def make_spare(control, child, fork=os.fork):
     return pid
 
 
-def serve_spares(control, child, fork=os.fork):
-    """A server's loop: a new spare whenever the host takes one, and the exit status of each."""
+def serve_spares(control, child, fork=os.fork, reaped=None):
+    """A server's loop: a new spare whenever the host takes one, and the exit status of each
+    (then `reaped(pid)`, if given)."""
     by_fd, by_pid = {}, {}
     poller = select.poll()
     poller.register(control.fileno(), select.POLLIN)
@@ -66,6 +67,8 @@ def serve_spares(control, child, fork=os.fork):
             else:
                 reply["exit"] = os.WEXITSTATUS(status)
             control.send(frame(reply)[4:])
+            if reaped is not None:
+                reaped(pid)
 
     spare()
     try:

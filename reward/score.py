@@ -433,7 +433,8 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
                       lam: float = DEFAULT_LAMBDA, epsilon: int = DEFAULT_EPSILON,
                       limits: Limits = Limits(), max_window_runs: int = DEFAULT_MAX_WINDOW_RUNS,
                       window_batch: int | None = None, think_opened: bool = False) -> list[Score]:
-    """Score (task, prediction) pairs, one `run_batch` call per phase (and per batch of windows).
+    """Score (task, prediction) pairs: one `run_batch` call for the unit runs and verifications, then one
+    per round of window batches.
 
     Args:
         items: the pairs to score; a task's own `epsilon` and `timeout_s` override the defaults.
@@ -471,16 +472,18 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
                    epsilon if items[n][0].epsilon is None else items[n][0].epsilon)
         for n in valid}
 
-    unit_results = dict(zip(valid, run.results([job(n, programs[n]) for n in valid])))
+    # The unit runs and the verifications do not depend on each other: one batch for both.
+    keys = [(n, k) for n in valid for k in range(len(analyses[n].components))]
+    comps = {(n, k): analyses[n].components[k] for n, k in keys}
+    unit_jobs = [job(n, programs[n]) for n in valid]
+    results = run.results(unit_jobs + [job(n, comps[n, k].program(items[n][0].buggy_code)) for n, k in keys])
+    unit_results = dict(zip(valid, results[:len(valid)]))
+    verified = {key: result.passed for key, result in zip(keys, results[len(valid):])}
     units = {n: result.passed for n, result in unit_results.items()}
     window_limits = {n: dataclasses.replace(
         limits_for(items[n][0], limits),
         timeout_s=window_timeout_s(limits_for(items[n][0], limits).timeout_s, unit_results[n].duration_s))
         for n in valid}
-
-    keys = [(n, k) for n in valid for k in range(len(analyses[n].components))]
-    comps = {(n, k): analyses[n].components[k] for n, k in keys}
-    verified = dict(zip(keys, run([job(n, comps[n, k].program(items[n][0].buggy_code)) for n, k in keys])))
 
     searches = {n: WindowSearch([(k, analyses[n].components[k]) for k in range(len(analyses[n].components))
                                  if verified[n, k]], max_window_runs,

@@ -58,9 +58,10 @@ def cpu_seconds() -> float:
 
 
 def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int | None = None,
-                workers: int | None = None) -> dict:
+                workers: int | None = None, threads: int | None = None) -> dict:
     """GRPO then PreciseCoder for `steps` steps under setting `name` (the `jax` engine's `segment`, if
-    given; `workers` sandbox workers, default the demo's); the per-step records and costs."""
+    given; `workers` sandbox workers, default the demo's; `threads` scorer threads, default the
+    trainer's); the per-step records and costs."""
     import dataclasses
 
     from jaxrl.config import RewardConfig
@@ -88,8 +89,9 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
             out = scratch / f"{name}-{method}-{time.monotonic_ns()}"
             fleet = shared or Fleet(workers=workers)
             config = rl_config(cfg, 0, method, home / "base", home / "data", out, False)
-            config = dataclasses.replace(config, reward=dataclasses.replace(config.reward, stream=s["stream"],
-                                                                            window_batch=s["window_batch"]))
+            config = dataclasses.replace(config, reward=dataclasses.replace(
+                config.reward, stream=s["stream"], window_batch=s["window_batch"],
+                threads=threads or config.reward.threads))
             if segment is not None:
                 config = dataclasses.replace(config, rollout=dataclasses.replace(
                     config.rollout, options={**config.rollout.options, "segment": segment}))
@@ -141,6 +143,7 @@ def main() -> int:
     parser.add_argument("--segment", type=int, help="decoding steps per segment of the jax engine (default: "
                         "the engine's, 64); a prompt's group is reported finished between segments")
     parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(2, cores))")
+    parser.add_argument("--threads", type=int, help="scorer threads, reward.threads (default: the trainer's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     home = Path(args.base).expanduser()
@@ -163,7 +166,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_demo_step_") as scratch:
         for repeat in range(args.repeats):
             for name in names if repeat % 2 == 0 else names[::-1]:
-                runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment, args.workers))
+                runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment, args.workers,
+                                                args.threads))
     result: dict = {name: summarize(r) for name, r in runs.items()}
     first = names[0]
     result["ratio_step_to_first"] = {n: result[n]["step_s"] / result[first]["step_s"] for n in names}
@@ -174,7 +178,8 @@ def main() -> int:
         result["metrics_equal"] = {n: all(untimed(a["records"]) == untimed(b["records"])
                                           for a, b in zip(runs[same[0]], runs[n])) for n in same[1:]}
     result |= {"load_average_at_start": load, "load_average_at_end": os.getloadavg(), "base": str(home),
-               "steps": args.steps, "repeats": args.repeats, "settings": names, "segment": args.segment}
+               "steps": args.steps, "repeats": args.repeats, "settings": names, "segment": args.segment,
+               "workers": args.workers, "threads": args.threads}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

@@ -20,7 +20,9 @@ protection separately.
 
 With `--costs`, it instead prices each protection added in round 2 (issue #24):
 the fleet as shipped against the fleet without one of them (the run's network
-namespace, its cgroup CPU bound, its seccomp filter), in interleaved rounds,
+namespace, its cgroup CPU bound, its seccomp filter; and without the reuse of
+network namespaces a run left empty, whose "cost" is then what the reuse saves,
+negative), in interleaved rounds,
 and prints the median rate of each and the per-run cost of each protection in
 milliseconds of wall time per run (over all workers), and in CPU milliseconds per
 run where the CPU meter works.
@@ -56,7 +58,7 @@ from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, SandboxWorker
 from reward.schema import AssertTests
 
-PROTECTIONS = ("netns", "cpu", "seccomp")
+PROTECTIONS = ("netns", "netns_reuse", "cpu", "seccomp")
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
@@ -131,7 +133,11 @@ def without(protection: str):
     """The sandbox with one protection taken out, for pricing it (never for running untrusted code)."""
     source, create = sandbox.ZYGOTE_SOURCE, cgroups.RunCgroup.create
     if protection == "netns":
-        sandbox.ZYGOTE_SOURCE = source.replace(" | CLONE_NEWNET)", ")")
+        sandbox.ZYGOTE_SOURCE = source.replace(  # the runs stay in the zygote's own network namespace
+            '    _check(libc.setns(network, CLONE_NEWNET), "setns(net)")\n    enter_user_namespace()',
+            "    enter_user_namespace()")
+    elif protection == "netns_reuse":
+        sandbox.ZYGOTE_SOURCE = source.replace("REUSE_NETWORK = True", "REUSE_NETWORK = False")
     elif protection == "seccomp":
         sandbox.ZYGOTE_SOURCE = source.replace("        install_seccomp()\n", "")
     elif protection == "cpu":

@@ -168,6 +168,22 @@ def test_concurrent_callers_get_their_own_results():
     assert all(r.passed for r in out["right"]) and not any(r.passed for r in out["wrong"])
 
 
+def test_a_job_running_in_another_call_is_not_run_again():
+    """A call that asks for a job another thread's call is running waits for that run's verdict."""
+    slow = Job("import time\ntime.sleep(1.0)\ndef f():\n    return 1\n", AssertTests("assert f() == 1\n"), LIMITS)
+    out: dict[str, RunResult] = {}
+    with Fleet(workers=2) as fleet:
+        first = threading.Thread(target=lambda: out.__setitem__("first", fleet.run([slow])[0]))
+        first.start()
+        while fleet.stats.jobs < 1:  # the first call has taken the job
+            time.sleep(0.01)
+        second = fleet.run([slow, square_job(5)])
+        first.join()
+        assert fleet.stats.runs == 2  # the slow job once, square_job(5) once
+    assert out["first"].passed and not out["first"].cached
+    assert second[0].passed and second[0].cached and second[1].passed
+
+
 def test_an_exception_around_one_job_is_that_jobs_error(monkeypatch):
     real_run = sandbox.SandboxWorker.run
 

@@ -443,6 +443,96 @@ def test_no_channel_between_consecutive_runs_of_one_worker(loopback):
     assert read.passed, read.stderr
 
 
+NETWORK_COOKIE = """
+    import socket
+    with socket.socket(socket.AF_UNIX) as s:  # SO_NETNS_COOKIE: which network namespace this is
+        print("cookie", int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), "little"))
+"""
+FLOW_LABEL = """
+    import errno, socket, struct
+    def label(linger):  # an IPv6 flow label lingers in its namespace after its socket is closed
+        request = socket.inet_pton(socket.AF_INET6, "::1") + struct.pack("!I", 0x4242) + struct.pack(
+            "=BBHHHI", 0, 255, 3, linger, linger, 0)  # get, shared with anyone, create exclusively
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            try:
+                s.setsockopt(41, 32, request)  # IPV6_FLOWLABEL_MGR
+                return "made"
+            except OSError as e:
+                return "taken" if e.errno == errno.EEXIST else errno.errorcode[e.errno]
+"""
+
+
+def cookie_of(result) -> int:
+    return int(result.stdout.split("cookie ")[1].split()[0])
+
+
+SOCKSTAT = ("sockets: used 0\nTCP: inuse 0 orphan 2 tw 0 alloc 7 mem 244\nUDP: inuse 0 mem 3\nUDPLITE: inuse 0\n"
+            "RAW: inuse 0\nFRAG: inuse 0 memory 0\n")
+SOCKSTAT6 = "TCP6: inuse 0\nUDP6: inuse 0\nUDPLITE6: inuse 0\nRAW6: inuse 0\nFRAG6: inuse 0 memory 0\n"
+FLOW_LABELS = "Label S Owner  Users  Linger Expires  Dst                              Opt\n"
+
+
+def test_what_makes_a_network_namespace_empty():
+    """The zygote's reading of /proc/net: the whole kernel's figures (orphans, allocations, memory) do not
+    count; any socket, TIME_WAIT entry, fragment or flow label does; a text it cannot read is not empty."""
+    from reward.sandbox import ZYGOTE_SOURCE
+
+    code = {"__name__": "zygote source"}
+    exec(ZYGOTE_SOURCE, code)
+    empty = code["network_is_empty"]
+    assert empty(SOCKSTAT, SOCKSTAT6, FLOW_LABELS)
+    assert empty(SOCKSTAT, None, None)  # no IPv6
+    assert not empty(SOCKSTAT.replace("used 0", "used 1"), SOCKSTAT6, FLOW_LABELS)
+    assert not empty(SOCKSTAT.replace("tw 0", "tw 1"), SOCKSTAT6, FLOW_LABELS)
+    assert not empty(SOCKSTAT.replace("memory 0", "memory 512"), SOCKSTAT6, FLOW_LABELS)
+    assert not empty(SOCKSTAT, SOCKSTAT6.replace("memory 0", "memory 512"), FLOW_LABELS)
+    assert not empty(SOCKSTAT, SOCKSTAT6, FLOW_LABELS + "04242 255 0 0 60 60 00000000000000000000000000000001 0\n")
+    assert not empty(SOCKSTAT.replace("sockets: used 0\n", ""), SOCKSTAT6, FLOW_LABELS)  # unknown format
+    assert not empty("", SOCKSTAT6, FLOW_LABELS)
+
+
+def test_a_network_namespace_left_empty_is_lent_again():
+    """A run's network namespace is reused when the run left nothing in it: one worker's runs alternate
+    between two namespaces (the next spare's is chosen while a run still holds the other)."""
+    with Fleet(workers=1, cache=False, isolation="bwrap") as one:
+        cookies = [cookie_of(run(one, NETWORK_COOKIE + f"    x = {i}\n")) for i in range(4)]
+    assert cookies[0] == cookies[2] and cookies[1] == cookies[3] and cookies[0] != cookies[1], cookies
+
+
+def test_a_network_namespace_a_run_left_state_in_is_not_lent_again():
+    """A lingering IPv6 flow label (not a socket) or a socket kept in flight by an SCM_RIGHTS cycle is
+    state of the namespace: the run that would have had that namespace next gets a new one, and finds
+    neither."""
+    cycle = """
+        import socket
+        a, b = socket.socketpair()
+        named = socket.socket(socket.AF_UNIX)
+        named.bind(b"\\0precisecoder-probe")
+        socket.send_fds(a, [b"x"], [a.fileno(), b.fileno(), named.fileno()])  # b's queue holds b: a cycle
+    """
+    probe = """
+        import socket
+        def bind_probe():
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.bind(b"\\0precisecoder-probe")
+                    return "free"
+                except OSError:
+                    return "taken"
+    """
+    with Fleet(workers=1, cache=False, isolation="bwrap") as one:
+        written = run(one, NETWORK_COOKIE + FLOW_LABEL + "    made = label(60)\n", "assert made == 'made', made\n")
+        run(one, "x = 1")
+        read = run(one, NETWORK_COOKIE + FLOW_LABEL, "assert label(0) == 'made', label(0)\n")
+        assert written.passed and read.passed, (written.stderr, read.stderr)
+        assert cookie_of(read) != cookie_of(written)
+        written = run(one, NETWORK_COOKIE + cycle)
+        run(one, "x = 2")
+        read = run(one, NETWORK_COOKIE + probe, "assert bind_probe() == 'free', bind_probe()\n")
+        assert written.passed and read.passed, (written.stderr, read.stderr)
+        assert_clean_and_serving(one)
+
+
 @pytest.mark.parametrize("loopback", [False, True])
 def test_loopback_is_down_unless_the_limits_ask_for_it(fleet, loopback):
     program = """

@@ -297,6 +297,8 @@ def test_component_diagnostics(fleet):
 
 
 def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
+    """Unit runs and verifications share the first call (neither depends on the other); then one call
+    per round of windows; no job is sent twice."""
     rewrite = MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
                              "    count = len(xs)\n    acc = sum(xs)\n    return acc / count")
     items = [(MEAN, Prediction(MEAN.task_id, code=p)) for p in (MEAN_FIX, MEAN_FIX, rewrite, MEAN_C)]
@@ -304,16 +306,15 @@ def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
               (MEAN, Prediction(MEAN.task_id, response="no code"))]
     rec = Recorder(fleet)
     scores = score_predictions(items, rec, epsilon=5)
-    # unit, verification, windows of 1, windows of 2.
-    assert len(rec.calls) == 4
+    # unit and verification, windows of 1, windows of 2.
+    assert len(rec.calls) == 3
     sent = [job for call in rec.calls for job in call]
     assert len(sent) == len(set(sent))
     # Unit runs: 4 distinct programs (the fix comes twice). Every verification program equals its
     # unit program except TRIO's, which adds reference block 0 to the wrong line 8. The rewrite's
     # windows (ε = 5, cap 6): three of 1 and two of 2.
-    assert len(rec.calls[0]) == 4
-    assert len(rec.calls[1]) == 1
-    assert [len(c) for c in rec.calls[2:]] == [3, 2]
+    assert len(rec.calls[0]) == 4 + 1
+    assert [len(c) for c in rec.calls[1:]] == [3, 2]
     assert [s.runs for s in scores] == [1, 1, 6, 1, 2, 0]
 
 
