@@ -166,7 +166,7 @@ def build_pool(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: 
             items = [(r.task, R.prediction_of(r.task, c.text, r.think_opened))
                      for r, group in zip(todo, groups) for c in group]
             scores = score_predictions(items, fleet.run, lam=settings.lam, epsilon=settings.epsilon,
-                                       limits=limits, window_batch=2 * fleet.num_workers)
+                                       limits=limits, window_batch=1)  # many predictions a round
             rows = [row for i, (r, group) in enumerate(zip(todo, groups))
                     for row in pool_rows(r, group, scores[i * settings.n:(i + 1) * settings.n])]
             log.append(rows)

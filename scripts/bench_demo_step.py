@@ -65,7 +65,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
     import dataclasses
 
     from jaxrl.config import RewardConfig
-    from jaxrl.demo.run import DemoConfig, rl_config, seed_fleet
+    from jaxrl.demo.run import DemoConfig, fleet_workers, rl_config, seed_fleet
     from jaxrl.demo.tokenizer import load_demo_tokenizer
     from jaxrl.metrics import read_metrics
     from jaxrl.tasks import read_tasks
@@ -78,7 +78,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
     cpu0 = cpu_seconds()
     start = time.perf_counter()
     records, fleets = [], []
-    workers = workers or min(2, os.cpu_count() or 1)  # the demo's fleet
+    workers = workers or fleet_workers()  # the demo's fleet
     shared = Fleet(workers=workers) if s["shared"] else None
     if shared is not None:
         tasks = [*read_tasks(home / "data" / "train.jsonl", "train"), *read_tasks(home / "data" / "test.jsonl", "test"),
@@ -142,7 +142,7 @@ def main() -> int:
                         help=f"comma-separated, from {', '.join(SETTINGS)} (default new,streamed,streamed_wb1)")
     parser.add_argument("--segment", type=int, help="decoding steps per segment of the jax engine (default: "
                         "the engine's, 64); a prompt's group is reported finished between segments")
-    parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(2, cores))")
+    parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(4, 2 × cores))")
     parser.add_argument("--threads", type=int, help="scorer threads, reward.threads (default: the trainer's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()

@@ -39,7 +39,7 @@ def main() -> int:
 
     import models
     from jaxrl.demo import report
-    from jaxrl.demo.run import DemoConfig, evaluate_policy
+    from jaxrl.demo.run import DemoConfig, evaluate_policy, fleet_workers
     from jaxrl.saved_run import load_policy
     from reward.fleet import Fleet
     from reward.schema import load_tasks
@@ -53,7 +53,7 @@ def main() -> int:
             return 2
         policy, _, _ = load_policy(run_dir)
     tasks = load_tasks(seed_dir / "data" / "test.jsonl")
-    with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:
+    with Fleet(workers=fleet_workers()) as fleet:
         result = evaluate_policy(policy, DemoConfig(), args.seed, tasks, fleet, seed_dir / "coupling" / args.policy,
                                  not args.no_progress, samples=args.samples, decodings={"sampled": 1.0})
     scores = result["sampled"].scores

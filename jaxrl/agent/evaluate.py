@@ -173,7 +173,7 @@ def evaluate_agent(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settin
     else:
         scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
                                    lam=settings.lam, epsilon=settings.epsilon, limits=limits,
-                                   window_batch=2 * fleet.num_workers)
+                                   window_batch=1)  # many predictions a round
     summary = summarize(tasks, [sample_of(e) for e in episodes], scores, settings, model, task_set=task_set)
     summary["settings"]["prompt"] = "agent"
     summary["agent"] = {**dataclasses.asdict(agent), **agent_columns(episodes)}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -224,6 +225,13 @@ def rl_config(cfg: DemoConfig, seed: int, method: str, base: Path, data: Path, o
         "run": {"steps": cfg.rl_steps, "eval_every": 0, "save_every": 0, "keep_last": 1, "best_metric": None,
                 "out": str(out), "seed": seed, "progress": progress, "tensorboard": False},
     })
+
+
+def fleet_workers() -> int:
+    """The demo's sandbox workers: twice the cores, at most 4. A fleet run waits on hand-offs between
+    processes, so as many workers as cores leave part of each core idle (docs/sandbox.md, "Throughput");
+    more than 4 would only take cores from the trainer on a larger machine."""
+    return min(4, 2 * (os.cpu_count() or 1))
 
 
 def evaluate_policy(model: Any, cfg: DemoConfig, seed: int, tasks: Sequence[Any], fleet: Any, out: Path,
@@ -501,8 +509,6 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
 
     Raises ValueError (before any work) if `out` holds a run made with other settings.
     """
-    import os
-
     import jax
 
     from reward.fleet import Fleet
@@ -517,7 +523,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: bool = True, log: Log =
     split = "; batches are split over them" if len(devices) > 1 else ""
     log(f"JAX: {len(devices)} {devices[0].platform} device(s){split}")
     bases, start = [], time.perf_counter()
-    with Fleet(workers=min(2, os.cpu_count() or 1)) as fleet:  # one fleet, one verdict cache, for everything
+    with Fleet(workers=fleet_workers()) as fleet:  # one fleet, one verdict cache, for everything
         for b in range(cfg.bases):
             home = home_of(out, b)
             prepared = prepare_base(cfg, b, home, fleet, progress, log)

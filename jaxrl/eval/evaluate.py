@@ -405,7 +405,7 @@ def evaluate(engine: Engine, tokenizer: Any, tasks: Sequence[Task], settings: Ev
     else:
         scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
                                    lam=settings.lam, epsilon=settings.epsilon,
-                                   limits=Limits(timeout_s=settings.timeout_s), window_batch=2 * fleet.num_workers)
+                                   limits=Limits(timeout_s=settings.timeout_s), window_batch=1)  # many predictions a round
     summary = summarize(tasks, samples, scores, settings, model, task_set=task_set, candidates_replaced=replaced)
     if out_dir is not None:
         write_outputs(Path(out_dir), scores, summary)

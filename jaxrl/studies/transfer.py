@@ -174,7 +174,7 @@ def run_transfer(engine: Any, tokenizer: Any, tasks: Sequence[Task], donor: Dono
              for s in samples_]
     scores = score_predictions(items, lambda jobs: fleet.run(jobs, progress="scoring" if progress else False),
                                lam=settings.lam, epsilon=settings.epsilon, limits=Limits(timeout_s=settings.timeout_s),
-                               window_batch=2 * fleet.num_workers)
+                               window_batch=1)  # many predictions a round
     summary = summarize(tasks, samples_, scores, settings, model, task_set=donor.summary.get("task_set"))
     summary["transfer"] = info
     write_outputs(Path(out_dir), scores, summary)
