@@ -499,6 +499,24 @@ def test_a_network_namespace_left_empty_is_lent_again():
     assert cookies[0] == cookies[2] and cookies[1] == cookies[3] and cookies[0] != cookies[1], cookies
 
 
+def test_a_run_cannot_configure_its_network_namespace():
+    """A program can change nothing in its network namespace but its sockets: bringing the loopback up
+    is refused (the namespace belongs to the zygote's user namespace, and the run has no capability)."""
+    program = """
+        import errno, fcntl, socket, struct
+        def bring_up():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                try:
+                    fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x1 | 0x8 | 0x40, b""))  # SIOCSIFFLAGS
+                    return "up"
+                except OSError as e:
+                    return errno.errorcode[e.errno]
+    """
+    with Fleet(workers=1, cache=False, isolation="bwrap") as one:
+        refused = run(one, program, "assert bring_up() == 'EPERM', bring_up()\n")
+        assert refused.passed, refused.stderr
+
+
 def test_a_network_namespace_a_run_left_state_in_is_not_lent_again():
     """A lingering IPv6 flow label (not a socket) or a socket kept in flight by an SCM_RIGHTS cycle is
     state of the namespace: the run that would have had that namespace next gets a new one, and finds
