@@ -129,7 +129,7 @@ def enter_run_namespaces(network):
 
     The network namespace is entered first, while the spare is still in the zygote's user namespace:
     that namespace owns it, so the run holds no capability over it (it can bring up no device, set no
-    sysctl) and can leave nothing in it but sockets, which `network_is_empty` sees.
+    sysctl) and can leave in it only what `network_is_empty` reads.
     """
     _check(libc.setns(network, CLONE_NEWNET), "setns(net)")
     enter_user_namespace()
@@ -186,16 +186,13 @@ class NetworkNamespaces:
         _check(libc.unshare(CLONE_NEWNET), "unshare(net)")  # a home our user namespace owns
         self.home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         self.free, self.lent = [], {}
-        self.made = self.reused = 0
 
     def lend(self):
         """A namespace for the next spare (its descriptor, which the spare closes with the rest)."""
         if self.free:
-            self.reused += 1
             return self.free.pop()
         _check(libc.unshare(CLONE_NEWNET), "unshare(net)")
         try:
-            self.made += 1
             return os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         finally:
             _check(libc.setns(self.home, CLONE_NEWNET), "setns(net)")
