@@ -2,7 +2,7 @@
 
   precisecoder select sft   --pool DIR --rank-by precision|f1 --top 2 --out FILE
   precisecoder select dpo   --pool DIR --out FILE
-  precisecoder select recap --pool DIR --tasks T --out FILE [--ratio 3:1:1]
+  precisecoder select recap --pool DIR --tasks T --out FILE [--ratio 3:1:1] [--max N] [--prompt refine]
 
 Ties keep the lower `sample` index first; a DPO pair whose two scores are equal is
 skipped (docs/baselines.md has every rule). The counts go to stderr.
@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from jaxrl.prompts import REFINE_PROMPTS
 from jaxrl.selection import (RANK_KEYS, SelectionError, mix_recap, parse_ratio, read_pool, recap_candidates,
                              recap_example, select_dpo, select_sft, teacher_messages)
 from reward.schema import SchemaError, load_tasks, write_jsonl
@@ -32,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recap.add_argument("--ratio", type=parse_ratio_arg, default=(3, 1, 1),
                        help="trim:repair:keep mix (default: 3:1:1)")
     recap.add_argument("--seed", type=int, default=0, help="seed of the draw within each kind (default: 0)")
+    recap.add_argument("--max", type=int, default=None, metavar="N",
+                       help="at most N examples, still at --ratio (default: as many as the pool allows)")
+    recap.add_argument("--prompt", choices=REFINE_PROMPTS, default="refine",
+                       help="the examples' prompt: the paper's refine (default), or demo_refine for the demo's "
+                            "policy (`precisecoder demo`)")
     recap.add_argument("--teacher-base-url", help="an OpenAI-compatible API root whose model writes a reasoning "
                                                   "trace for each example (the response's think block)")
     recap.add_argument("--teacher-model", help="the teacher's served model name (with --teacher-base-url)")
@@ -55,11 +61,12 @@ def _recap_rows(args: argparse.Namespace, rows) -> list[dict]:
         raise SelectionError(f"--tasks: {e}") from None
     candidates = recap_candidates(rows, tasks)
     available = Counter(c.kind for c in candidates)
-    mixed = mix_recap(candidates, args.ratio, args.seed)
+    mixed = mix_recap(candidates, args.ratio, args.seed, args.max)
     print("available: " + ", ".join(f"{k} {available[k]}" for k in ("trim", "repair", "keep")), file=sys.stderr)
     known = {t.task_id: t for t in tasks}
     traces = _teacher_traces(args, [(c, known[c.task_id]) for c in mixed]) if args.teacher_base_url else None
-    return [recap_example(c, known[c.task_id], traces[i] if traces else None) for i, c in enumerate(mixed)]
+    return [recap_example(c, known[c.task_id], traces[i] if traces else None, args.prompt)
+            for i, c in enumerate(mixed)]
 
 
 def _teacher_traces(args: argparse.Namespace, items) -> list[str]:

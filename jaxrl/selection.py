@@ -232,15 +232,21 @@ def parse_ratio(text: str) -> tuple[int, int, int]:
 
 
 def mix_recap(candidates: Sequence[RecapCandidate], ratio: tuple[int, int, int] = (3, 1, 1),
-              seed: int = 0) -> list[RecapCandidate]:
-    """The largest mix at exactly `ratio` (trim:repair:keep) the candidates allow.
+              seed: int = 0, max_examples: int | None = None) -> list[RecapCandidate]:
+    """The largest mix at exactly `ratio` (trim:repair:keep) the candidates allow, of at most
+    `max_examples` examples when given.
 
-    With k = min over kinds of ⌊available / share⌋ (kinds with share 0 are left out), each
-    kind gives share · k examples, drawn by a shuffle seeded with `seed`; the result keeps
-    the pool's order. A kind with no candidates and a share above 0 makes the mix empty.
+    With k = min over kinds of ⌊available / share⌋ (kinds with share 0 are left out), and at
+    most ⌊max_examples / sum(ratio)⌋, each kind gives share · k examples, drawn by a shuffle
+    seeded with `seed`; the result keeps the pool's order. A kind with no candidates and a
+    share above 0 makes the mix empty.
     """
+    if max_examples is not None and max_examples < 0:
+        raise SelectionError(f"the most examples (--max) must be >= 0, got {max_examples}")
     kinds = {kind: [c for c in candidates if c.kind == kind] for kind in RECAP_KINDS}
     k = min(len(kinds[kind]) // share for kind, share in zip(RECAP_KINDS, ratio) if share)
+    if max_examples is not None:
+        k = min(k, max_examples // sum(ratio))
     rng = random.Random(seed)
     chosen: set[tuple[str, int]] = set()
     for kind, share in zip(RECAP_KINDS, ratio):
@@ -250,8 +256,10 @@ def mix_recap(candidates: Sequence[RecapCandidate], ratio: tuple[int, int, int] 
     return [c for c in candidates if (c.task_id, c.candidate_sample) in chosen]
 
 
-def recap_example(candidate: RecapCandidate, task: Task, trace: str | None = None) -> dict[str, Any]:
-    """One refiner training row: the refine prompt's messages and the target response.
+def recap_example(candidate: RecapCandidate, task: Task, trace: str | None = None,
+                  prompt: str = "refine") -> dict[str, Any]:
+    """One refiner training row: the messages of `prompt` (the paper's `refine`, or the demo's
+    `demo_refine`) and the target response.
 
     The response is the target program in a ```python block, after a think block holding
     `trace` when a teacher gave one.
@@ -260,7 +268,7 @@ def recap_example(candidate: RecapCandidate, task: Task, trace: str | None = Non
     response = f"<think>\n{trace.strip()}\n</think>\n\n{answer}" if trace else answer
     return {"task_id": candidate.task_id, "kind": candidate.kind, "candidate_sample": candidate.candidate_sample,
             "target_source": candidate.target_source,
-            "messages": messages("refine", task.prompt, task.buggy_code, candidate.candidate),
+            "messages": messages(prompt, task.prompt, task.buggy_code, candidate.candidate),
             "response": response}
 
 

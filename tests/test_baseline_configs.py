@@ -125,11 +125,20 @@ def test_eval_refiner_usage(tmp_path, capsys):
 
     common = ["eval", "--tasks", str(EXAMPLES), "--out", str(tmp_path / "out"), "--refiner", str(tmp_path / "run")]
     for extra, message in [([], "--refiner needs --candidates"),
-                           (["--candidates", str(tmp_path), "--prompt", "abstain"], "drop --prompt and --agent"),
+                           (["--candidates", str(tmp_path), "--prompt", "abstain"], "--prompt unless it is refine or demo_refine"),
                            (["--candidates", str(tmp_path), "--model", str(tmp_path)], "drop --model, --checkpoint"),
                            (["--candidates", str(tmp_path)], "predictions.jsonl")]:
         assert main([*common, *extra]) == 2, extra
         assert message in capsys.readouterr().err.strip().splitlines()[-1], extra
+    import argparse
+
+    from jaxrl.eval.cli import refiner_source
+
+    for prompt, want in ((None, "refine"), ("demo_refine", "demo_refine")):  # the demo's refiner keeps its prompt
+        args = argparse.Namespace(refiner="run", model=None, checkpoint=None, engine=None, prompt=prompt, agent=False,
+                                  candidates="c.jsonl")
+        refiner_source(args)
+        assert (args.checkpoint, args.prompt) == ("run", want)
     (tmp_path / "c.jsonl").write_text("")
     assert candidates_file(str(tmp_path)) == tmp_path / "predictions.jsonl"
     assert candidates_file(str(tmp_path / "c.jsonl")) == tmp_path / "c.jsonl"

@@ -1,6 +1,6 @@
 """The RECAP refiner end to end on the demo domain, with the demo tokenizer and policy: a pool scored
-by the fleet, `select recap`'s mix, the supervised trainer, and the refine prompt over the base's
-answers from its eval directory (`jaxrl.demo.baselines`, as `demo --with recap` runs them)."""
+by the fleet, `select recap`'s mix (capped), the supervised trainer, and the demo's refine prompt over the
+base's answers from its eval directory (`jaxrl.demo.baselines`, as `demo --with recap` runs them)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_demo_with_parses_baselines_and_refuses_unknown_names():
 @pytest.mark.slow  # 8 min at load 28 on 2 cores: a pool scored on the fleet, a short refiner run, two evaluations
 def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     cfg = run.DemoConfig(sft_tasks=4, train_tasks=8, test_tasks=4, clean_tasks=2, hidden=32, layers=1, heads=2,
-                         baselines=("recap",), baseline=B.BaselineConfig(batch_size=4, recap_epochs=2))
+                         baselines=("recap",), baseline=B.BaselineConfig(batch_size=4, recap_epochs=2, recap_per_task=1))
     demo = tmp_path / "runs" / "demo"  # a `demo --with recap --out runs/demo` layout, as docs/demo.md uses it
     splits = run.make_data(cfg, 0, demo / "data")
     tok = load_demo_tokenizer()
@@ -70,10 +70,15 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
                 passing = row["unit"] == 1
                 kinds["keep" if passing and row["precision"] == 1 else "trim" if passing else "repair"] += 1
         k = min(kinds["trim"] // 3, kinds["repair"], kinds["keep"])
-        assert k >= 1, kinds
-        rows = B.select_rows(pool_dir, train, (3, 1, 1), 0)["recap"]
+        assert k >= 2, kinds
+        k = min(k, len(train) // 5)  # at most one example a training task (recap_per_task), still at 3:1:1
+        rows = B.select_rows(pool_dir, train, cfg.baseline, 0)["recap"]
         assert sorted(r["kind"] for r in rows) == sorted(["trim"] * 3 * k + ["repair"] * k + ["keep"] * k)
-        assert all(r["messages"][-1]["content"].count("```python") == 2 for r in rows)  # the code and the candidate
+        by_id = {t.task_id: t for t in train}
+        for r in rows:  # the demo's refine prompt: no system turn, the task's sentence, the code and the candidate
+            assert [m["role"] for m in r["messages"]] == ["user"]
+            assert r["messages"][0]["content"].startswith(by_id[r["task_id"]].prompt + "\n```python\n")
+            assert r["messages"][0]["content"].count("```python") == 2
 
         # the refiner trains from the base with the supervised trainer on the demo tokenizer
         run_cfg = run.rl_config(cfg, 0, "grpo", base_dir, demo / "data", demo / "seed0" / "rl", False)
@@ -90,7 +95,7 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
             write_jsonl(demo / "eval" / "base" / decoding / "predictions.jsonl",
                         [{"task_id": tid, "response": text} for tid, text in answers.items()])
         candidates = B.base_candidates(demo / "eval" / "base", held_out)
-        settings = EvalSettings(prompt="refine", thinking_budget=None, enable_thinking=False)
+        settings = EvalSettings(prompt="demo_refine", thinking_budget=None, enable_thinking=False)
         requests, replaced = build_requests(held_out, settings, tok, candidates[run.MAIN])
         assert replaced == 0
         for request, task in zip(requests, held_out):
@@ -100,19 +105,21 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
 
         policy, _, _ = load_policy(run_dir)
         evals = run.evaluate_policy(policy, cfg, 0, held_out, fleet, demo / "seed0" / "eval" / "recap", False,
-                                    prompt_name="refine", candidates=candidates)
+                                    prompt_name="demo_refine", candidates=candidates)
         test_only = run.evaluate_policy(policy, cfg, 0, [s.task for s in splits.test], fleet, tmp_path / "test_only",
-                                        False, decodings={run.MAIN: run.DECODINGS[run.MAIN]}, prompt_name="refine",
+                                        False, decodings={run.MAIN: run.DECODINGS[run.MAIN]},
+                                        prompt_name="demo_refine",
                                         candidates=candidates)[run.MAIN]
     for decoding, result in evals.items():
-        assert result.summary["settings"]["prompt"] == "refine"
+        assert result.summary["settings"]["prompt"] == "demo_refine"
         assert result.summary["refine_candidates_replaced"] == 0
         assert result.summary["tasks"] == len(held_out)
 
     # the same refiner through the command line exactly as docs/demo.md writes it (from the directory
     # holding runs/): the answers and scores of the same evaluation in Python
     command = ("precisecoder eval --refiner runs/demo/seed0/baselines/recap/run --candidates runs/demo/eval/base/t0.6 "
-               "--tasks runs/demo/data/test.jsonl --no-thinking --max-tokens 80 --out runs/demo/eval-cli/recap").split()
+               "--prompt demo_refine --tasks runs/demo/data/test.jsonl --no-thinking --max-tokens 80 "
+               "--out runs/demo/eval-cli/recap").split()
     assert cfg.max_tokens == 80
     done = subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -126,5 +133,5 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     assert [tid for tid, _ in responses(cli)] == [s.task.task_id for s in splits.test]
     assert responses(cli) == responses(tmp_path / "test_only" / run.MAIN)
     summary = json.loads((cli / "summary.json").read_text())
-    assert summary["settings"]["prompt"] == "refine" and summary["refine_candidates_replaced"] == 0
+    assert summary["settings"]["prompt"] == "demo_refine" and summary["refine_candidates_replaced"] == 0
     assert summary["buggy"] == test_only.summary["buggy"]

@@ -200,6 +200,17 @@ def test_recap_mix_at_ratio_is_exact_and_seeded():
     assert mix_recap(candidates, (1, 2, 0)) == []  # 1 repair cannot fill 2 shares
 
 
+def test_recap_mix_of_at_most_n_examples_keeps_the_ratio():
+    candidates = recap_candidates(recap_pool(), [TASK])  # 3 trim, 1 repair, 1 keep
+    assert mix_recap(candidates, (1, 1, 1), seed=3, max_examples=100) == mix_recap(candidates, (1, 1, 1), seed=3)
+    assert len(mix_recap(candidates, (3, 1, 1), max_examples=5)) == 5
+    assert mix_recap(candidates, (3, 1, 1), max_examples=4) == []  # fewer than one whole 3:1:1 mix
+    assert [c.kind for c in mix_recap(candidates, (1, 0, 0), max_examples=2)] == ["trim"] * 2
+    assert sorted(c.kind for c in mix_recap(candidates, (1, 1, 1), max_examples=5)) == ["keep", "repair", "trim"]
+    with pytest.raises(SelectionError, match="--max"):
+        mix_recap(candidates, (3, 1, 1), max_examples=-1)
+
+
 def test_parse_ratio():
     assert parse_ratio("3:1:1") == (3, 1, 1)
     for bad in ("3:1", "a:1:1", "-1:1:1", "0:0:0"):
@@ -216,6 +227,15 @@ def test_recap_example_renders_the_refine_prompt():
     assert example["response"] == f"```python\n{SOLUTION.rstrip()}\n```"
     traced = recap_example(candidate, TASK, trace="drop the temporary")
     assert traced["response"].startswith("<think>\ndrop the temporary\n</think>\n\n```python\n")
+
+
+def test_recap_example_under_the_demo_refine_prompt():
+    candidate = recap_candidates(recap_pool(), [TASK])[0]
+    example = recap_example(candidate, TASK, prompt="demo_refine")
+    code, shown = BUGGY.rstrip("\n"), candidate.candidate.rstrip("\n")
+    assert example["messages"] == [{"role": "user", "content":
+                                     f"{TASK.prompt}\n```python\n{code}\n```\n```python\n{shown}\n```"}]
+    assert example["response"] == recap_example(candidate, TASK)["response"]
 
 
 # The command ------------------------------------------------------------------
@@ -250,6 +270,12 @@ def test_select_recap_command(tmp_path, capsys):
     assert rc == 0, err
     assert "available: trim 3, repair 1, keep 1" in err
     assert [r["kind"] for r in read_out(tmp_path / "recap.jsonl")] == ["trim", "repair", "keep", "trim", "trim"]
+    rc, err = _run(["select", "recap", "--pool", pool, "--tasks", tasks, "--ratio", "1:1:1", "--max", "4",
+                    "--prompt", "demo_refine", "--out", tmp_path / "small.jsonl"], capsys)
+    assert rc == 0, err
+    small = read_out(tmp_path / "small.jsonl")
+    assert sorted(r["kind"] for r in small) == ["keep", "repair", "trim"]
+    assert all([m["role"] for m in r["messages"]] == ["user"] for r in small)
 
 
 def _write_recap_inputs(tmp_path):

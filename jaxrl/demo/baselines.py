@@ -6,7 +6,8 @@ Per seed, after the base is trained and evaluated (`jaxrl.demo.run`), `run_basel
    (`jaxrl.pool.build_pool`: the demo tokenizer and prompt, T = 1, top-p 1), scored by the fleet;
 2. selects each baseline's rows as the paper does (`jaxrl.selection`): the top two passing
    samples by precision (rs_sft); pairs 1st vs (n − 1)th and 2nd vs nth by unit + F1/2
-   (dpo); trimmed / repaired / unchanged examples at 3:1:1 under the refine prompt (recap);
+   (dpo); trimmed / repaired / unchanged examples at 3:1:1 under the demo's refine prompt
+   (`demo_refine`: the `demo` prompt and the candidate) (recap);
 3. trains each from the base with the project's supervised trainer
    (`jaxrl.supervised.train_supervised`) on the demo tokenizer and policy;
 4. evaluates each like the RL methods; the refiner answers the refine prompt with the
@@ -14,7 +15,10 @@ Per seed, after the base is trained and evaluated (`jaxrl.demo.run`), `run_basel
 
 The paper's learning rates (5e-6, 5e-7) are for a pretrained 4B model; a policy trained
 from scratch in minutes needs the demo's own (`BaselineConfig`, our choice), kept in the
-paper's ratio (DPO's a tenth of SFT's). Epochs and β are the paper's.
+paper's ratio (DPO's a tenth of SFT's). Epochs and β are the paper's, and so is the refiner's
+mix; its prompt is the demo's: the paper's refine prompt is about 690 demo tokens of
+instructions a policy trained from scratch cannot read (as for the `demo` prompt), which made
+the refiner's 2,496 steps on a strong base's pool (6,655 examples) take about an hour here.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class BaselineConfig:
         dpo_epochs, dpo_beta, dpo_lr: DPO (the paper's 1 epoch, β = 0.1).
         recap_epochs, recap_lr: the refiner (the paper's 6 epochs).
         recap_ratio: trimmed : repaired : unchanged examples (the paper's 3:1:1).
+        recap_per_task: at most this many refiner examples per training task on average (the
+            mix keeps its ratio); None (the paper's): as many as the pool allows.
+        recap_prompt: the refiner's prompt (`jaxrl.prompts.REFINE_PROMPTS`).
     """
 
     pool_samples: int = 16
@@ -52,25 +59,36 @@ class BaselineConfig:
     recap_epochs: int = 6
     recap_lr: float = 3e-4
     recap_ratio: tuple[int, int, int] = (3, 1, 1)
+    recap_per_task: int | None = None
+    recap_prompt: str = "demo_refine"
 
     def __post_init__(self):
+        from jaxrl.prompts import REFINE_PROMPTS
+
         if self.pool_samples < 3 or self.batch_size < 1:
             raise ValueError("baseline pool_samples must be >= 3 (DPO pairs 1st vs (n - 1)th) and batch_size >= 1")
+        if self.recap_per_task is not None and self.recap_per_task < 1:
+            raise ValueError(f"baseline recap_per_task must be >= 1 or None, got {self.recap_per_task}")
+        if self.recap_prompt not in REFINE_PROMPTS:
+            raise ValueError(f"baseline recap_prompt must be one of {', '.join(REFINE_PROMPTS)}, "
+                             f"got {self.recap_prompt!r}")
 
 
 Log = Callable[[str], None]
 
 
-def select_rows(pool_dir: Path, tasks: Sequence[Any], ratio: tuple[int, int, int], seed: int
+def select_rows(pool_dir: Path, tasks: Sequence[Any], bc: BaselineConfig, seed: int
                 ) -> dict[str, list[dict[str, Any]]]:
-    """Each baseline's training rows from the pool, as `precisecoder select` makes them."""
+    """Each baseline's training rows from the pool, as `precisecoder select` makes them
+    (`select recap --max {recap_per_task × tasks} --prompt {recap_prompt}`)."""
     from jaxrl import selection as S
 
     rows = S.read_pool(pool_dir)
     by_id = {t.task_id: t for t in tasks}
-    mixed = S.mix_recap(S.recap_candidates(rows, tasks), ratio, seed)
+    most = None if bc.recap_per_task is None else bc.recap_per_task * len(tasks)
+    mixed = S.mix_recap(S.recap_candidates(rows, tasks), bc.recap_ratio, seed, most)
     return {"rs_sft": S.select_sft(rows, "precision", 2), "dpo": S.select_dpo(rows),
-            "recap": [S.recap_example(c, by_id[c.task_id]) for c in mixed]}
+            "recap": [S.recap_example(c, by_id[c.task_id], prompt=bc.recap_prompt) for c in mixed]}
 
 
 def train_baseline(name: str, rows: list[dict[str, Any]], run_cfg: Any, bc: BaselineConfig, seed: int,
@@ -148,7 +166,7 @@ def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, base_eval: P
                             progress=progress)
     pool_s = time.perf_counter() - t
     log(f"[seed {seed}] pool: {json.dumps(counts)} in {pool_s:.0f} s")
-    selected = select_rows(out / "pool", train_tasks, bc.recap_ratio, seed)
+    selected = select_rows(out / "pool", train_tasks, bc, seed)
     results: dict[str, dict[str, Any]] = {}
     for name in cfg.baselines:
         rows = selected[name]
@@ -164,7 +182,7 @@ def run_baselines(cfg: Any, seed: int, splits: Any, base_dir: Path, base_eval: P
         policy, _, _ = load_policy(run_dir)
         if name == "recap":
             evals = evaluate(policy, cfg, seed, held_out, fleet, out.parent / "eval" / name, progress,
-                             prompt_name="refine", candidates=base_candidates(base_eval, held_out))
+                             prompt_name=bc.recap_prompt, candidates=base_candidates(base_eval, held_out))
         else:
             evals = evaluate(policy, cfg, seed, held_out, fleet, out.parent / "eval" / name, progress)
         timing["eval_s"] = time.perf_counter() - t

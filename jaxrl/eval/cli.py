@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jaxrl import prompts
 from jaxrl.eval.evaluate import RUN, EvalError, evaluate
 from jaxrl.eval.protocol import EvalSettings
 from reward.cli_args import output_dir_error, positive_int, token_budget, user_path
@@ -84,11 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
-    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine", "demo"),
+    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine", "demo", "demo_refine"),
                           help=f"the prompt (default {defaults.prompt}; refine with --refiner; demo for the "
-                               "runs of `precisecoder demo`, with --no-thinking --max-tokens 80)")
+                               "runs of `precisecoder demo`, with --no-thinking --max-tokens 80; demo_refine for "
+                               "its refiner, with --refiner)")
     protocol.add_argument("--candidates", type=user_path, metavar="C.jsonl|EVAL_DIR",
-                          help="candidate fixes for --prompt refine ({task_id, response | code}; the first per task; "
+                          help="candidate fixes for --prompt refine or demo_refine ({task_id, response | code}; the first "
+                               "per task; "
                                "those of tasks not in --tasks are ignored), "
                                "or an eval run directory (its predictions.jsonl: the base's one-shot answers)")
     protocol.add_argument("--samples", type=positive_int, default=defaults.samples, help="samples per task (K)")
@@ -272,8 +275,8 @@ def main(args: argparse.Namespace) -> int:
         refiner_source(args)
         if not args.tasks or not args.out:
             raise UsageError("--tasks and --out are required")
-        if (args.prompt == "refine") != (args.candidates is not None):
-            raise UsageError("--prompt refine needs --candidates, and only it takes them")
+        if (args.prompt in prompts.REFINE_PROMPTS) != (args.candidates is not None):
+            raise UsageError("--prompt refine (or demo_refine) needs --candidates, and only they take them")
         if args.retries < 0:
             raise UsageError(f"--retries must be >= 0, got {args.retries}")
         if not args.agent and (args.turns is not None or args.agent_tests):
@@ -344,15 +347,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def refiner_source(args: argparse.Namespace) -> None:
-    """`--refiner DIR` is `--checkpoint DIR --prompt refine`; the default prompt is filled in otherwise."""
+    """`--refiner DIR` is `--checkpoint DIR --prompt refine` (or `demo_refine`, the demo refiner's, when
+    given); the default prompt is filled in otherwise."""
     if args.refiner is not None:
         if args.model or args.checkpoint or args.engine not in (None, "jax"):
             raise UsageError("--refiner is the model: drop --model, --checkpoint and --engine")
-        if args.prompt not in (None, "refine") or args.agent:
-            raise UsageError("--refiner answers under the refine prompt: drop --prompt and --agent")
+        if args.prompt not in (None, *prompts.REFINE_PROMPTS) or args.agent:
+            raise UsageError("--refiner answers under a refine prompt: drop --agent, and --prompt unless it is "
+                             "refine or demo_refine")
         if args.candidates is None:
             raise UsageError("--refiner needs --candidates EVAL_DIR (the base's eval run) or C.jsonl")
-        args.checkpoint, args.prompt = args.refiner, "refine"
+        args.checkpoint, args.prompt = args.refiner, args.prompt or "refine"
     args.prompt = args.prompt or EvalSettings.prompt
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from jaxrl import prompts
 from jaxrl.eval import stats
 from jaxrl.eval.protocol import (EvalSettings, candidate_program, invalid_reason, response_text, split_by_kind,
                                  task_messages)
@@ -105,9 +106,9 @@ def build_requests(tasks: Sequence[Task], settings: EvalSettings, tokenizer: Any
 
     With `chat` the server renders the messages itself, so no prompt opens a think block.
     """
-    if settings.prompt == "refine":
+    if settings.prompt in prompts.REFINE_PROMPTS:
         if candidates is None:
-            raise EvalError("the refine prompt needs candidates (one per task)")
+            raise EvalError(f"the {settings.prompt} prompt needs candidates (one per task)")
         missing = [t.task_id for t in tasks if t.task_id not in candidates]
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -115,7 +116,7 @@ def build_requests(tasks: Sequence[Task], settings: EvalSettings, tokenizer: Any
     requests, replaced = [], 0
     for task in tasks:
         candidate = None
-        if settings.prompt == "refine":
+        if settings.prompt in prompts.REFINE_PROMPTS:
             candidate, real = candidate_program(candidates[task.task_id], task)
             replaced += not real
         messages = task_messages(task, settings.prompt, candidate)

@@ -44,7 +44,7 @@ class EvalSettings(Sampling):
     paper's evaluation temperature `EVAL_TEMPERATURE` by default.
 
     Attributes:
-        prompt: `minimal`, `abstain` or `refine` (the latter needs candidates).
+        prompt: a name of `jaxrl.prompts.PROMPTS`; `refine` and `demo_refine` need candidates.
         samples: completions per task (K); a task's scores are averaged over them.
         clean_thinking_budget: thinking tokens on clean (GT Debug) tasks.
         enable_thinking: render the chat prompt with thinking on (the paper's setting).
@@ -131,7 +131,7 @@ def candidate_program(candidate: Any, task: Task) -> tuple[str, bool]:
 
 def task_messages(task: Task, prompt: str, candidate: str | None = None) -> list[dict[str, str]]:
     """The chat messages of one task under `prompt` (the paper's wording, `jaxrl.prompts`)."""
-    return prompts.messages(prompt, task.prompt, task.buggy_code, candidate if prompt == "refine" else None)
+    return prompts.messages(prompt, task.prompt, task.buggy_code, candidate if prompt in prompts.REFINE_PROMPTS else None)
 
 
 def response_text(completion: Completion) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxrl import prompts
 from jaxrl.eval.protocol import KIND_NAMES, KINDS
 
 BUGGY_HEADERS = (("pass", "pass %"), ("precision", "precision %"), ("recall", "recall %"), ("f1", "F1 %"),
@@ -79,7 +80,7 @@ def report_markdown(summary: Mapping[str, Any]) -> str:
     out.append(f"- tasks without a prediction (counted invalid): {agg['missing']}; "
                f"mean reward: {100 * agg['reward']:.1f} %" if agg["reward"] is not None else
                f"- tasks without a prediction (counted invalid): {agg['missing']}")
-    if settings["prompt"] == "refine":
+    if settings["prompt"] in prompts.REFINE_PROMPTS:
         out.append(f"- refine candidates without a program (buggy code shown instead): "
                    f"{s['refine_candidates_replaced']}")
     out += ["", "## Settings", ""]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-PROMPTS = ("minimal", "refine", "abstain", "demo")
+PROMPTS = ("minimal", "refine", "abstain", "demo", "demo_refine")
+# The prompts that show a candidate fix: the paper's refiner's, and the demo refiner's (`demo --with recap`).
+REFINE_PROMPTS = ("refine", "demo_refine")
 # The tool loop's prompts: the paper's, and the demo policy's (`precisecoder demo --agent`).
 AGENT_PROMPTS = ("agent", "demo_agent")
 
@@ -26,12 +28,12 @@ def messages(name: str, task_prompt: str, code: str, candidate_solution: str | N
       name: one of `PROMPTS`.
       task_prompt: the problem description.
       code: the program shown to the model (buggy, or clean for GT Debug).
-      candidate_solution: the candidate fix; required by `refine`, refused by the others.
+      candidate_solution: the candidate fix; required by `REFINE_PROMPTS`, refused by the others.
     """
     if name not in PROMPTS:
         raise ValueError(f"unknown prompt {name!r}; choose from {', '.join(PROMPTS)}")
-    if (name == "refine") != (candidate_solution is not None):
-        raise ValueError("the refine prompt needs a candidate solution, and only it takes one")
+    if (name in REFINE_PROMPTS) != (candidate_solution is not None):
+        raise ValueError(f"the {' and '.join(REFINE_PROMPTS)} prompts need a candidate solution, and only they take one")
     fields = {"task_prompt": task_prompt, "code": code.rstrip("\n"), "candidate_solution": (candidate_solution or "").rstrip("\n")}
     # One pass, so a field's own text (a prompt that mentions "{code}") is never filled in again.
     user = re.sub(r"\{(task_prompt|code|candidate_solution)\}", lambda m: fields[m.group(1)], _template(name, "user"))

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxrl import prompts
 from jaxrl.eval.evaluate import PredictionLog, Request, sample_all, summarize, write_outputs
 from jaxrl.eval.protocol import EvalSettings, task_messages
 from jaxrl.rollout.text import CLOSE_THINK_TEXT
@@ -94,7 +95,7 @@ def load_donor(directory: str | Path) -> Donor:
                 traces.setdefault(record["task_id"], record.get("thinking"))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise TransferError(f"--donor {path}: not a finished eval run ({type(e).__name__}: {e})") from None
-    if settings.prompt == "refine":
+    if settings.prompt in prompts.REFINE_PROMPTS:
         raise TransferError(f"--donor {path}: a refine run; transfer takes minimal or abstain donors")
     return Donor(path, summary, settings, traces)
 
