@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
             for start in range(len(scores), len(items), chunk):
                 new = score_predictions(items[start:start + chunk], lambda jobs: fleet.run(jobs, progress=progress),
                                         lam=args.lam, epsilon=args.epsilon, limits=limits,
-                                        max_window_runs=args.max_window_runs, window_batch=2 * fleet.num_workers,
+                                        max_window_runs=args.max_window_runs, window_batch=1,  # a chunk fills a round
                                         think_opened=args.think_opened)
                 out.append([s.to_json() for s in new])
                 scores += new
