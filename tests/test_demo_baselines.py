@@ -135,3 +135,34 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     summary = json.loads((cli / "summary.json").read_text())
     assert summary["settings"]["prompt"] == "demo_refine" and summary["refine_candidates_replaced"] == 0
     assert summary["buggy"] == test_only.summary["buggy"]
+
+
+# 1.3 min at load 3 on 2 cores (beside a demo run): the smoke demo with a pool of 16 × 16 samples, then resumed
+@pytest.mark.slow
+def test_smoke_demo_with_the_baselines_reports_each_of_them(tmp_path):
+    """`demo --smoke --with rs_sft,dpo,recap` end to end through `run_demo`: the pool, the selection, a
+    row of every baseline in results.json and report.md (a smoke base passes nothing, so a baseline
+    without rows shows "–"), and a resumed run that reuses the pool."""
+    from jaxrl import cli
+
+    out = tmp_path / "demo"
+    argv = ["demo", "--smoke", "--steps", "1", "--with", "rs_sft,dpo,recap", "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    pool = [json.loads(line) for line in (out / "seed0" / "baselines" / "pool" / "pool.jsonl").open()]
+    assert len(pool) == 16 * 16 and {r["sample"] for r in pool} == set(range(16))
+    results = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    for name, label in (("rs_sft", "Rejection-sampling SFT"), ("dpo", "DPO"), ("recap", "RECAP")):
+        rows = results["methods"][name]
+        assert [r["seed"] for r in rows] == [0], name
+        trained = results["timing"]["seeds"][0][f"{name}_rows"] > 0
+        assert (rows[0]["pass"] is not None) == trained, name
+        assert (out / "seed0" / "eval" / name).is_dir() == trained, name
+        assert f"| {label}" in report, name
+    recap = out / "seed0" / "baselines" / "recap" / "rows.jsonl"
+    for row in map(json.loads, recap.open()) if recap.is_file() else ():
+        assert [m["role"] for m in row["messages"]] == ["user"]  # demo_refine: no system turn
+    before = (out / "seed0" / "baselines" / "pool" / "pool.jsonl").read_text()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert (out / "seed0" / "baselines" / "pool" / "pool.jsonl").read_text() == before
+    assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
