@@ -40,6 +40,23 @@ def test_demo_with_parses_baselines_and_refuses_unknown_names():
         config_of(parser.parse_args(["--smoke", "--with", "sft"]))
 
 
+def test_a_run_whose_refiner_had_the_papers_prompt_is_not_resumed_under_the_demos(tmp_path):
+    """A run saved with `recap` before `recap_prompt` existed trained its refiner under `refine`: resuming it
+    with today's default prompt is refused; a run without the refiner (or any older run) still resumes."""
+    from jaxrl.demo.run import DemoConfig, _plain, check_resume
+
+    old = _plain(DemoConfig(baselines=("rs_sft", "recap")))
+    del old["baseline"]["recap_prompt"], old["baseline"]["recap_per_task"]
+    (tmp_path / "demo_config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="baseline.recap_prompt: refine there, demo_refine now"):
+        check_resume(DemoConfig(baselines=("rs_sft", "recap")), tmp_path)
+    check_resume(DemoConfig(baselines=("rs_sft", "recap"), baseline=B.BaselineConfig(recap_prompt="refine")),
+                 tmp_path)
+    old["baselines"] = ["rs_sft"]
+    (tmp_path / "demo_config.json").write_text(json.dumps(old))
+    check_resume(DemoConfig(baselines=("rs_sft", "recap")), tmp_path)  # adding the refiner now trains it anew
+
+
 @pytest.mark.slow  # 8 min at load 28 on 2 cores: a pool scored on the fleet, a short refiner run, two evaluations
 def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
     cfg = run.DemoConfig(sft_tasks=4, train_tasks=8, test_tasks=4, clean_tasks=2, hidden=32, layers=1, heads=2,

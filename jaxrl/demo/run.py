@@ -477,13 +477,17 @@ def check_resume(cfg: DemoConfig, out: Path) -> None:
     """Raise ValueError if `out` holds work made with other settings (`RESUMABLE` ones aside).
 
     The settings of a run are in `out/demo_config.json`, written when it starts; a setting it
-    lacks (one added to `DemoConfig` since) counts as its default.
+    lacks (one added to `DemoConfig` since) counts as its default, except the refiner's prompt:
+    a run with `recap` saved before it existed trained its refiner under the paper's `refine`.
     """
     path = out / "demo_config.json"
     if not path.is_file():
         return
     defaults = _flat(_plain(DemoConfig()))
-    saved, now = {**defaults, **_flat(json.loads(path.read_text()))}, _flat(_plain(cfg))
+    stored = json.loads(path.read_text())
+    saved, now = {**defaults, **_flat(stored)}, _flat(_plain(cfg))
+    if "recap" in stored.get("baselines", ()) and "recap_prompt" not in stored.get("baseline", {}):
+        saved["baseline.recap_prompt"] = "refine"
     changed = sorted(k for k in saved.keys() | now.keys()
                      if k.split(".")[0] not in RESUMABLE and saved.get(k) != now.get(k))
     if changed:
