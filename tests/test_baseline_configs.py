@@ -125,7 +125,8 @@ def test_eval_refiner_usage(tmp_path, capsys):
 
     common = ["eval", "--tasks", str(EXAMPLES), "--out", str(tmp_path / "out"), "--refiner", str(tmp_path / "run")]
     for extra, message in [([], "--refiner needs --candidates"),
-                           (["--candidates", str(tmp_path), "--prompt", "abstain"], "--prompt unless it is refine or demo_refine"),
+                           (["--candidates", str(tmp_path), "--prompt", "abstain"],
+                            "--prompt unless it is refine or demo_refine"),
                            (["--candidates", str(tmp_path), "--model", str(tmp_path)], "drop --model, --checkpoint"),
                            (["--candidates", str(tmp_path)], "predictions.jsonl")]:
         assert main([*common, *extra]) == 2, extra

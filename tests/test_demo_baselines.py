@@ -159,7 +159,7 @@ def test_refiner_path_end_to_end_on_the_demo_domain(tmp_path):
 def test_smoke_demo_with_the_baselines_reports_each_of_them(tmp_path):
     """`demo --smoke --with rs_sft,dpo,recap` end to end through `run_demo`: the pool, the selection, a
     row of every baseline in results.json and report.md (a smoke base passes nothing, so a baseline
-    without rows shows "–"), and a resumed run that reuses the pool."""
+    without rows shows "–"), and a resumed run that gives the same pool and results."""
     from jaxrl import cli
 
     out = tmp_path / "demo"

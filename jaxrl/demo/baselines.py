@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxrl.prompts import REFINE_PROMPTS
+
 BASELINES = ("rs_sft", "dpo", "recap")
 
 
@@ -63,8 +65,6 @@ class BaselineConfig:
     recap_prompt: str = "demo_refine"
 
     def __post_init__(self):
-        from jaxrl.prompts import REFINE_PROMPTS
-
         if self.pool_samples < 3 or self.batch_size < 1:
             raise ValueError("baseline pool_samples must be >= 3 (DPO pairs 1st vs (n - 1)th) and batch_size >= 1")
         if self.recap_per_task is not None and self.recap_per_task < 1:

@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="compute dtype of --model (a checkpoint keeps its run's dtypes)")
 
     protocol = parser.add_argument_group("protocol (defaults follow the paper)")
-    protocol.add_argument("--prompt", choices=("minimal", "abstain", "refine", "demo", "demo_refine"),
+    protocol.add_argument("--prompt", choices=prompts.PROMPTS,
                           help=f"the prompt (default {defaults.prompt}; refine with --refiner; demo for the "
                                "runs of `precisecoder demo`, with --no-thinking --max-tokens 80; demo_refine for "
                                "its refiner, with --refiner)")

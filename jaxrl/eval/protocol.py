@@ -131,7 +131,8 @@ def candidate_program(candidate: Any, task: Task) -> tuple[str, bool]:
 
 def task_messages(task: Task, prompt: str, candidate: str | None = None) -> list[dict[str, str]]:
     """The chat messages of one task under `prompt` (the paper's wording, `jaxrl.prompts`)."""
-    return prompts.messages(prompt, task.prompt, task.buggy_code, candidate if prompt in prompts.REFINE_PROMPTS else None)
+    shown = candidate if prompt in prompts.REFINE_PROMPTS else None
+    return prompts.messages(prompt, task.prompt, task.buggy_code, shown)
 
 
 def response_text(completion: Completion) -> str:

@@ -33,7 +33,8 @@ def messages(name: str, task_prompt: str, code: str, candidate_solution: str | N
     if name not in PROMPTS:
         raise ValueError(f"unknown prompt {name!r}; choose from {', '.join(PROMPTS)}")
     if (name in REFINE_PROMPTS) != (candidate_solution is not None):
-        raise ValueError(f"the {' and '.join(REFINE_PROMPTS)} prompts need a candidate solution, and only they take one")
+        raise ValueError(f"the {' and '.join(REFINE_PROMPTS)} prompts need a candidate solution, "
+                         "and only they take one")
     fields = {"task_prompt": task_prompt, "code": code.rstrip("\n"), "candidate_solution": (candidate_solution or "").rstrip("\n")}
     # One pass, so a field's own text (a prompt that mentions "{code}") is never filled in again.
     user = re.sub(r"\{(task_prompt|code|candidate_solution)\}", lambda m: fields[m.group(1)], _template(name, "user"))
