@@ -1,7 +1,8 @@
 """RL algorithms, each one object: its reward terms, their weights and its advantage estimator.
 
 A reward term is a pure function of one score row (and its task) to a float,
-registered by name (`register_term`); an `Algorithm` names its terms, gives
+registered by name (`register_term`; `verified=False` for a term that reads only
+what the unit run settles: unit, edited lines, no-op, the task); an `Algorithm` names its terms, gives
 their weights as a function of λ (`reward.lam`) and names its estimator, a
 registered one of `jaxrl.advantages` or a plug-in `module:function` imported
 from `sys.path` (the working directory included):
@@ -29,11 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from reward.schema import Task
-from reward.score import Score, baseline_terms
+from reward.score import UNIT_ONLY, Score, baseline_terms
 
 Term = Callable[[Score, Task], float]
 
 _TERMS: dict[str, Term] = {}
+_UNIT_ONLY_TERMS: set[str] = set()  # terms that need no verification run (`register_term(verified=False)`)
 _ALGORITHMS: dict[str, "Algorithm"] = {}
 
 
@@ -41,13 +43,21 @@ class AlgorithmError(ValueError):
     """An algorithm that cannot be assembled; the message names the config key."""
 
 
-def register_term(name: str) -> Callable[[Term], Term]:
-    """Register `fn(score, task) -> float` as the reward term `name`."""
+def register_term(name: str, verified: bool = True) -> Callable[[Term], Term]:
+    """Register `fn(score, task) -> float` as the reward term `name`.
+
+    `verified=False` declares that the term reads only what a prediction's unit run settles
+    (`unit`, `valid`, `edited_lines`, `noop`, `damage`, `faults`, the task), never precision,
+    recall, F1 or the reward: an algorithm all of whose terms are such lets the trainer make the
+    verification runs while the update runs (`reward.defer_verification`). The default is safe.
+    """
 
     def decorate(fn: Term) -> Term:
         if name in _TERMS:
             raise ValueError(f"reward term {name!r} is already registered")
         _TERMS[name] = fn
+        if not verified:
+            _UNIT_ONLY_TERMS.add(name)
         return fn
 
     return decorate
@@ -65,7 +75,7 @@ def get_term(name: str) -> Term:
     return _TERMS[name]
 
 
-@register_term("unit")
+@register_term("unit", verified=False)
 def _unit(score: Score, task: Task) -> float:
     """1 when every test passes, else 0."""
     return float(score.unit)
@@ -101,25 +111,25 @@ def _gated_recall(score: Score, task: Task) -> float:
     return float(score.unit) * (score.recall or 0.0)
 
 
-@register_term("edited_lines")
+@register_term("edited_lines", verified=False)
 def _edited_lines(score: Score, task: Task) -> float:
     """ℓ ≥ 0, an invalid answer's being C's non-blank lines (`reward.score.baseline_terms`)."""
     return baseline_terms(score, task.buggy_code)[1]
 
 
-@register_term("lines")
+@register_term("lines", verified=False)
 def _lines(score: Score, task: Task) -> float:
     """−ℓ: fewer edited lines is more reward."""
     return -_edited_lines(score, task)
 
 
-@register_term("noop")
+@register_term("noop", verified=False)
 def _noop(score: Score, task: Task) -> float:
     """1 when the answer changes nothing."""
     return float(score.noop)
 
 
-@register_term("is_clean")
+@register_term("is_clean", verified=False)
 def _is_clean(score: Score, task: Task) -> float:
     """1 on a clean task (no fault), constant within a group."""
     return float(task.is_clean)
@@ -213,8 +223,15 @@ class Resolved:
     estimator: Callable[..., Any]
     options: Mapping[str, Any]
 
+    @property
+    def verified(self) -> bool:
+        """Whether some term reads what only the verification runs settle (precision, recall, F1)."""
+        return any(t not in _UNIT_ONLY_TERMS for t in self.terms)
+
     def term_values(self, score: Score, task: Task) -> tuple[float, ...]:
         """One rollout's reward terms."""
+        if score.status == UNIT_ONLY and self.verified:
+            raise ValueError(f"the terms {list(self.terms)} need the verification runs; this score has only the unit run")
         return tuple(get_term(t)(score, task) for t in self.terms)
 
     def advantages(self, rewards_NxGxK: Any, lengths_NxG: Any) -> Any:

@@ -234,6 +234,10 @@ class RewardConfig:
         window_batch: most windows of one prediction the scorer runs in one round (None: twice the
             workers). Rounds of many predictions keep the workers busy at 1, which runs no window
             after a component's first pass; the scores never depend on it.
+        defer_verification: for algorithms whose reward terms need only the unit runs (GRPO,
+            Dr.GRPO, RLOO, EA-GRPO, GRPO + clean rows), make the verification runs, which only the
+            step's metrics read (precision, recall, F1), while the update runs instead of before it.
+            The advantages, the update and the metrics are the same either way.
     """
 
     lam: float = 1 / 3
@@ -244,6 +248,7 @@ class RewardConfig:
     threads: int | None = None
     stream: bool = True
     window_batch: int | None = 1
+    defer_verification: bool = True
 
     def __post_init__(self):
         if not 0 <= self.lam <= 1:

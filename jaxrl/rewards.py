@@ -21,6 +21,10 @@ through the same dispatcher. A score depends only on its (task, prediction) and 
 fleet's verdicts, not on which pairs share a scorer call, so both paths give the same
 scores.
 
+For an algorithm whose reward terms read only the unit runs, the step scores with the unit
+runs alone (`verify=False`), and `DeferredVerification` makes the rest of each score's runs
+(reusing the unit runs' results) while the update runs: the metrics read those full scores.
+
 The reward terms an algorithm takes from each score row live in `jaxrl.algorithms`.
 """
 
@@ -106,13 +110,17 @@ class _Dispatcher:
 
 class _ScoreChunk:
     def __init__(self, run_batch: Callable[[Sequence[Job]], list[RunResult]], lam: float, epsilon: int,
-                 limits: Limits, window_batch: int):
+                 limits: Limits, window_batch: int, verify: bool = True, done: dict[Job, RunResult] | None = None):
         self.run_batch, self.lam, self.epsilon, self.limits = run_batch, lam, epsilon, limits
-        self.window_batch = window_batch
+        self.window_batch, self.verify, self.done = window_batch, verify, done
 
     def __call__(self, chunk: list[tuple[Task, Prediction]]) -> list[Score]:
         return score_predictions(chunk, self.run_batch, lam=self.lam, epsilon=self.epsilon, limits=self.limits,
-                                 window_batch=self.window_batch)
+                                 window_batch=self.window_batch, verify=self.verify, done=self.done)
+
+    def with_runs(self, verify: bool, done: dict[Job, RunResult] | None) -> _ScoreChunk:
+        """The same scorer with `score_predictions`' `verify` and `done`."""
+        return _ScoreChunk(self.run_batch, self.lam, self.epsilon, self.limits, self.window_batch, verify, done)
 
 
 class RewardPipeline:
@@ -134,12 +142,13 @@ class RewardPipeline:
         self._dispatcher = _Dispatcher(fleet)
         self._map = _ScoreChunk(self._dispatcher, lam, epsilon, limits, window_batch or 2 * fleet.num_workers)
 
-    def __call__(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
-        """Scores in pair order."""
+    def __call__(self, pairs: Sequence[tuple[Task, Prediction]], verify: bool = True,
+                 done: dict[Job, RunResult] | None = None) -> list[Score]:
+        """Scores in pair order (`verify`, `done`: as `reward.score.score_predictions` takes them)."""
         if not pairs:
             return []
         chunk = -(-len(pairs) // self.threads)
-        ds = grain.MapDataset.source(list(pairs)).batch(chunk, batch_fn=list).map(self._map)
+        ds = grain.MapDataset.source(list(pairs)).batch(chunk, batch_fn=list).map(self._map.with_runs(verify, done))
         options = grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=self.threads)
         it = iter(ds.to_iter_dataset(options))
         try:
@@ -147,9 +156,10 @@ class RewardPipeline:
         finally:
             it.close()  # its prefetch threads end now, not whenever the iterator is collected
 
-    def score_group(self, pairs: Sequence[tuple[Task, Prediction]]) -> list[Score]:
+    def score_group(self, pairs: Sequence[tuple[Task, Prediction]], verify: bool = True,
+                    done: dict[Job, RunResult] | None = None) -> list[Score]:
         """Scores of `pairs` in order, computed on the calling thread (test runs through the dispatcher)."""
-        return self._map(list(pairs))
+        return self._map.with_runs(verify, done)(list(pairs))
 
     def close(self) -> None:
         """Stop the dispatcher thread (the fleet is the caller's to close)."""
@@ -179,10 +189,11 @@ class StreamedScoring:
     """
 
     def __init__(self, pipeline: RewardPipeline,
-                 pairs_of: Callable[[int, Sequence[object]], list[tuple[Task, Prediction]]]):
-        self.pipeline, self.pairs_of = pipeline, pairs_of
+                 pairs_of: Callable[[int, Sequence[object]], list[tuple[Task, Prediction]]], verify: bool = True):
+        self.pipeline, self.pairs_of, self.verify = pipeline, pairs_of, verify
         self._pool = concurrent.futures.ThreadPoolExecutor(pipeline.threads, thread_name_prefix="reward-group")
         self._futures: dict[int, concurrent.futures.Future[list[Score]]] = {}
+        self._done: dict[int, dict[Job, RunResult]] = {}  # per group: its runs' results
         self._intervals: list[tuple[float, float]] = []
         self._lock = threading.Lock()
 
@@ -195,12 +206,13 @@ class StreamedScoring:
     def __call__(self, i: int, completions: Sequence[object]) -> None:
         if i in self._futures:
             raise RuntimeError(f"the engine reported prompt {i} twice")
-        self._futures[i] = self._pool.submit(self._score, self.pairs_of(i, completions))
+        self._done[i] = {}
+        self._futures[i] = self._pool.submit(self._score, self.pairs_of(i, completions), self._done[i])
 
-    def _score(self, pairs: list[tuple[Task, Prediction]]) -> list[Score]:
+    def _score(self, pairs: list[tuple[Task, Prediction]], done: dict[Job, RunResult]) -> list[Score]:
         begin = time.perf_counter()
         try:
-            return self.pipeline.score_group(pairs)
+            return self.pipeline.score_group(pairs, self.verify, done)
         finally:
             with self._lock:
                 self._intervals.append((begin, time.perf_counter()))
@@ -212,7 +224,32 @@ class StreamedScoring:
             raise RuntimeError(f"the engine never reported prompts {missing[:5]} as finished")
         return [s for i in range(groups) for s in self._futures[i].result()]
 
+    def done(self) -> dict[Job, RunResult]:
+        """The results of every run made so far (once `scores` returned: of all groups)."""
+        return {job: result for runs in self._done.values() for job, result in runs.items()}
+
     def busy_s(self, start: float, end: float) -> float:
         """Seconds of [start, end] (`time.perf_counter`) during which some group was being scored."""
         with self._lock:
             return covered_s(self._intervals, start, end)
+
+
+class DeferredVerification:
+    """The verification and window runs of one step's rollouts, made on a thread of their own.
+
+    For algorithms whose reward terms need only the unit runs (`jaxrl.algorithms.Resolved.verified`
+    is False), the step scores with `verify=False` before the update and starts this right after:
+    `pipeline(pairs, verify=True, done=done)` reuses the unit runs in `done` and makes the rest
+    while the update runs; `result()` returns the full scores (the step's metrics read them), the
+    same as scoring with `verify=True` at once.
+    """
+
+    def __init__(self, pipeline: RewardPipeline, pairs: Sequence[tuple[Task, Prediction]],
+                 done: dict[Job, RunResult]):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reward-verify")
+        self._future = self._pool.submit(pipeline, list(pairs), True, done)
+        self._pool.shutdown(wait=False)
+
+    def result(self) -> list[Score]:
+        """The full scores, in pair order, once every run is made."""
+        return self._future.result()

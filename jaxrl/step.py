@@ -17,6 +17,14 @@ then waits only for what is left. The update is unchanged: the same samples, the
 weights, the same scores. `time/reward` is the wait after decoding, `time/reward_overlap`
 the part of `time/rollout` during which groups were being scored.
 
+An algorithm whose reward terms need only the unit runs (GRPO and the other unit-only
+algorithms: `jaxrl.algorithms.Resolved.verified` is False) takes its terms from the unit
+runs alone, with `reward.defer_verification` (the default): the verification and window
+runs, which only the step's metrics read, are made while the update runs
+(`jaxrl.rewards.DeferredVerification`), and `time/verify` is the wait for what is left of
+them after the weight push. The advantages, the update and the metrics are those of scoring
+everything before the update.
+
 A new rollout kind replaces `sample` (and, where its rows differ, `update`'s batch):
 with `rollout.agent` set, rows are multi-turn episodes (`jaxrl.agent.train`: the final
 file is the prediction, each episode one update row). A new algorithm is an entry of
@@ -114,38 +122,39 @@ def group_pairs(tasks: Sequence[Rendered], i: int, completions: Sequence[Complet
     return [(t.task, R.prediction_of(t.task, c.text, t.think_opened)) for c in completions]
 
 
-def score(run: Run, rollouts: Rollouts, streamed: R.StreamedScoring | None = None) -> Rollouts:
+def pairs_of(rollouts: Rollouts) -> list[tuple[Task, Prediction]]:
+    """The (task, prediction) pair of every row."""
+    if rollouts.episodes:
+        return [(t, agent_train.prediction_of(e.episode)) for t, e in zip(rollouts.tasks, rollouts.episodes)]
+    return [(t, R.prediction_of(t, c.text, opened))
+            for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
+
+
+def score(run: Run, rollouts: Rollouts, streamed: R.StreamedScoring | None = None, verify: bool = True,
+          done: dict | None = None) -> Rollouts:
     """Score rows on the fleet (or collect those `streamed` scored during sampling) and the algorithm's
-    reward terms of each."""
+    reward terms of each; with `verify=False`, from the unit runs alone (their results added to `done`)."""
     if streamed is not None:
         scores = tuple(streamed.scores(len(rollouts.completions) // run.cfg.rollout.group_size))
-    elif rollouts.episodes:
-        pairs = [(t, agent_train.prediction_of(e.episode)) for t, e in zip(rollouts.tasks, rollouts.episodes)]
-        scores = tuple(run.scorer(pairs))
     else:
-        pairs = [(t, R.prediction_of(t, c.text, opened))
-                 for t, c, opened in zip(rollouts.tasks, rollouts.completions, rollouts.think_opened)]
-        scores = tuple(run.scorer(pairs))
+        scores = tuple(run.scorer(pairs_of(rollouts), verify, done))
     terms = np.asarray([run.algorithm.term_values(s, t) for s, t in zip(scores, rollouts.tasks)], np.float32)
     return dataclasses.replace(rollouts, scores=scores, terms_RxK=terms.reshape(len(scores), -1))
 
 
-def advantages(run: Run, rollouts: Rollouts) -> tuple[Rollouts, np.ndarray, np.ndarray, np.ndarray]:
+def advantages(run: Run, rollouts: Rollouts) -> tuple[Rollouts, np.ndarray, np.ndarray]:
     """The estimator over the global batch; this host's rows keep their share.
 
     Returns:
-        (rollouts with advantages, global metric columns, global terms `[R, K]`, global advantages `[N, G]`).
+        (rollouts with advantages, global terms `[R, K]`, global advantages `[N, G]`).
     """
-    columns = hosts.gather_rows(M.rollout_columns(rollouts.scores, rollouts.completions,
-                                                  [not t.is_clean for t in rollouts.tasks],
-                                                  run.tokenizer.think_end_id))
-    terms = hosts.gather_rows(rollouts.terms_RxK)
-    g = run.cfg.rollout.group_size
-    lengths = columns[:, M.COLUMNS.index("response_tokens")].reshape(-1, g)
-    adv_NxG = np.asarray(run.advantages_fn(terms.reshape(-1, g, terms.shape[1]), lengths))
+    lengths = np.asarray([len(c.token_ids) for c in rollouts.completions], np.float32)
+    gathered = hosts.gather_rows(np.column_stack([rollouts.terms_RxK, lengths]))
+    terms, g = gathered[:, :-1], run.cfg.rollout.group_size
+    adv_NxG = np.asarray(run.advantages_fn(terms.reshape(-1, g, terms.shape[1]), gathered[:, -1].reshape(-1, g)))
     n, pi = len(rollouts.completions), jax.process_index()
     local = adv_NxG.reshape(-1)[pi * n:(pi + 1) * n]
-    return dataclasses.replace(rollouts, advantages_R=local), columns, terms, adv_NxG
+    return dataclasses.replace(rollouts, advantages_R=local), terms, adv_NxG
 
 
 def update(run: Run, state: TrainState, rollouts: Rollouts) -> tuple[TrainState, dict[str, float]]:
@@ -181,8 +190,11 @@ def step(run: Run, state: TrainState, tasks: Sequence[Rendered], index: int,
          timer: M.StageTimer | None = None) -> tuple[TrainState, dict[str, Any]]:
     """Step `index` (0-based) on this host's `tasks`: the new state and the step's metrics."""
     timer = timer or M.StageTimer()
+    # Terms that need only the unit runs: the verification runs (metrics only) overlap the update.
+    deferred = run.cfg.reward.defer_verification and not run.algorithm.verified
+    done: dict = {}
     if run.cfg.reward.stream and run.cfg.rollout.agent is None:
-        with R.StreamedScoring(run.scorer, functools.partial(group_pairs, tasks)) as streamed:
+        with R.StreamedScoring(run.scorer, functools.partial(group_pairs, tasks), verify=not deferred) as streamed:
             with timer("rollout"):
                 started = time.perf_counter()
                 rollouts = sample(run, tasks, index, streamed)
@@ -190,17 +202,25 @@ def step(run: Run, state: TrainState, tasks: Sequence[Rendered], index: int,
             with timer("reward"):
                 rollouts = score(run, rollouts, streamed)
         timer.add("reward_overlap", streamed.busy_s(started, decoded))
+        done = streamed.done()
     else:
         with timer("rollout"):
             rollouts = sample(run, tasks, index)
         with timer("reward"):
-            rollouts = score(run, rollouts)
+            rollouts = score(run, rollouts, verify=not deferred, done=done)
+    verifying = R.DeferredVerification(run.scorer, pairs_of(rollouts), done) if deferred else None
     with timer("advantages"):
-        rollouts, columns, terms, adv_NxG = advantages(run, rollouts)
+        rollouts, terms, adv_NxG = advantages(run, rollouts)
     with timer("update"):
         state, update_metrics = update(run, state, rollouts)
     with timer("push"):
         push(run, state, index)
+    if verifying is not None:
+        with timer("verify"):
+            rollouts = dataclasses.replace(rollouts, scores=tuple(verifying.result()))
+    columns = hosts.gather_rows(M.rollout_columns(rollouts.scores, rollouts.completions,
+                                                  [not t.is_clean for t in rollouts.tasks],
+                                                  run.tokenizer.think_end_id))
     metrics = {**M.rollout_metrics(columns, terms, run.algorithm.terms, run.cfg.rollout.group_size),
                **update_metrics, "advantage/abs_mean": float(np.abs(adv_NxG).mean())}
     if rollouts.episodes:

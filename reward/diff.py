@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import difflib
+import functools
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
@@ -88,8 +89,10 @@ def nonblank_lines(program: str) -> list[tuple[int, str]]:
     return [(n, text) for n, text in enumerate(split_lines(program), start=1) if text]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def ratio(a: str, b: str) -> Fraction:
-    """`difflib.SequenceMatcher(None, a, b).ratio()` as an exact fraction."""
+    """`difflib.SequenceMatcher(None, a, b).ratio()` as an exact fraction (memoized: a group's rollouts
+    pair the same lines again and again)."""
     total = len(a) + len(b)
     if not total:
         return Fraction(1)
@@ -131,6 +134,12 @@ def pair_lines(removed: Sequence[str], added: Sequence[str]) -> list[tuple[int, 
 
 def diff(c: str, p: str) -> list[Block]:
     """The blocks of diff(C, P), in C order."""
+    return list(_diff(c, p))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _diff(c: str, p: str) -> tuple[Block, ...]:
+    """`diff`, memoized: every score of a task diffs its reference fix, and a group often repeats a program."""
     c_lines, p_lines = nonblank_lines(c), nonblank_lines(p)
     blank = [n for n, text in enumerate(split_lines(c), start=1) if not text]
     p_raw = p.split("\n")
@@ -159,7 +168,7 @@ def diff(c: str, p: str) -> list[Block]:
                 edits.append(Edit(INSERT, anchor, None, new, p_raw[m - 1]))
         edits.sort(key=lambda e: e.position)  # stable: inserts at one place keep their order
         blocks.extend(Block(part) for part in split_at_blank_lines(edits, blank))
-    return blocks
+    return tuple(blocks)
 
 
 def split_at_blank_lines(edits: Sequence[Edit], blank: Sequence[int]) -> list[tuple[Edit, ...]]:

@@ -4,7 +4,8 @@ The math (alignment, components, credits, precision / recall / F1, rewards,
 aggregates) is pure functions. `score_predictions` drives the test runs
 through a `run_batch(jobs) -> results` callable (in production `Fleet.run`)
 in phases, one call each: unit runs, then component verifications, then the
-essential-subset windows. The window search (`WindowSearch`) gives exactly
+essential-subset windows (`verify=False` stops after the unit runs; a `done` dict
+shared with a later call lets it make only the rest). The window search (`WindowSearch`) gives exactly
 the sequential search's answer (sizes s = 1, 2, ..., then components, then
 positions; the first pass settles a component) within `max_window_runs`
 windows per prediction, but runs the next windows of every prediction still
@@ -308,12 +309,26 @@ def unverifiable_score(task: Task, valid: bool, analysis: Analysis | None, runs:
                  reason=reason)
 
 
-class _Runner:
-    """`run_batch` behind a memo: each distinct job is sent once per scoring call."""
+UNIT_ONLY = "unit_only"
 
-    def __init__(self, run_batch: RunBatch):
+
+def unit_only_score(task: Task, valid: bool, unit: int, analysis: Analysis | None, runs: int) -> Score:
+    """What a prediction's unit run alone settles (`score_predictions(verify=False)`): unit, edited lines,
+    no-op and damage; precision, recall and F1 are None and the reward NaN until the verification runs."""
+    ell = analysis.edited_lines if analysis is not None else None
+    faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
+    return Score(task.task_id, valid, unit, None, None, None, ell, faults, 0, valid and ell == 0,
+                 1 - unit if faults == 0 else None, math.nan,
+                 blocks=len(analysis.predicted) if analysis else None, runs=runs, status=UNIT_ONLY)
+
+
+class _Runner:
+    """`run_batch` behind a memo: each distinct job is sent once per scoring call (or per `done` dict
+    shared between calls)."""
+
+    def __init__(self, run_batch: RunBatch, done: dict[Job, RunResult] | None = None):
         self._run_batch = run_batch
-        self._done: dict[Job, RunResult] = {}
+        self._done: dict[Job, RunResult] = {} if done is None else done
 
     def __call__(self, jobs: Sequence[Job]) -> list[bool]:
         return [result.passed for result in self.results(jobs)]
@@ -432,9 +447,16 @@ def program_of(prediction: Prediction, think_opened: bool = False) -> str | None
 def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBatch, *,
                       lam: float = DEFAULT_LAMBDA, epsilon: int = DEFAULT_EPSILON,
                       limits: Limits = Limits(), max_window_runs: int = DEFAULT_MAX_WINDOW_RUNS,
-                      window_batch: int | None = None, think_opened: bool = False) -> list[Score]:
+                      window_batch: int | None = None, think_opened: bool = False, verify: bool = True,
+                      done: dict[Job, RunResult] | None = None) -> list[Score]:
     """Score (task, prediction) pairs: one `run_batch` call for the unit runs and verifications, then one
     per round of window batches.
+
+    With `verify=False` only the unit runs are made: each score is `unit_only_score` (unit, edited
+    lines, no-op, damage; no precision, recall, F1 or reward), all that unit-only reward terms
+    read. `done` holds the results of jobs already run, and this call adds its own: a later call
+    with `verify=True` and the same dict makes only the verification and window runs, and scores
+    exactly as one call with `verify=True` would have (the unit runs' verdicts are reused, not re-run).
 
     Args:
         items: the pairs to score; a task's own `epsilon` and `timeout_s` override the defaults.
@@ -454,7 +476,7 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
     batch = 2 * (os.cpu_count() or 1) if window_batch is None else window_batch
     if batch < 1:
         raise ValueError(f"window_batch must be >= 1, got {window_batch}")
-    run = _Runner(run_batch)
+    run = _Runner(run_batch, done)
     programs = [program_of(pred, think_opened) for _, pred in items]
     jobs_of: list[dict[Job, None]] = [{} for _ in items]  # in the order first made: the unit run first
 
@@ -471,6 +493,13 @@ def score_predictions(items: Sequence[tuple[Task, Prediction]], run_batch: RunBa
         n: analyze(items[n][0].buggy_code, items[n][0].solution, programs[n],
                    epsilon if items[n][0].epsilon is None else items[n][0].epsilon)
         for n in valid}
+
+    if not verify:
+        units = dict(zip(valid, run([job(n, programs[n]) for n in valid])))
+        return [unverifiable_score(task, n in analyses, analyses.get(n), len(jobs_of[n]), reason)
+                if (reason := run.unverifiable(jobs_of[n])) is not None
+                else unit_only_score(task, n in analyses, int(units.get(n, False)), analyses.get(n), len(jobs_of[n]))
+                for n, (task, _) in enumerate(items)]
 
     # The unit runs and the verifications do not depend on each other: one batch for both.
     keys = [(n, k) for n in valid for k in range(len(analyses[n].components))]

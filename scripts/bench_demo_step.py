@@ -13,7 +13,10 @@ load hits all alike:
 - `streamed`: `new` with each group scored as soon as its samples finish, while the engine
   decodes the others (`reward.stream`);
 - `streamed_wb1`: `streamed` with one window of a prediction a round (`reward.window_batch`
-  1), so no window runs after a component's first pass: the trainer's default.
+  1), so no window runs after a component's first pass;
+- `deferred`: `streamed_wb1` with `reward.defer_verification`: GRPO's reward stage makes
+  only the unit runs, and the verification runs its metrics read are made while the update
+  runs (PreciseCoder's F1 term needs them first: unchanged). The trainer's default.
 
 The settings from `new` on must write the same metrics; the bench checks it.
 
@@ -27,8 +30,8 @@ inflates far less than wall time; the fleet's runs and cache hits, the fleet's w
 whatever the load; and whether the settings from `new` on wrote the same metrics (every key
 but the times). With --json one object.
 
-    scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--settings new,streamed,streamed_wb1]
-        [--segment N] [--json]
+    scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--settings streamed_wb1,deferred]
+        [--segment N] [--workers N] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = ("data", "rollout", "reward_overlap", "reward", "advantages", "update", "push", "save")
-SETTINGS = {"old": {"tasks_per_step": 12, "group_size": 8, "shared": False, "stream": False, "window_batch": None},
-            "new": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": False, "window_batch": None},
-            "streamed": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": True, "window_batch": None},
-            "streamed_wb1": {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": True,
-                             "window_batch": 1}}
+STAGES = ("data", "rollout", "reward_overlap", "reward", "advantages", "update", "push", "verify", "save")
+_NEW = {"tasks_per_step": 16, "group_size": 6, "shared": True, "stream": False, "window_batch": None, "defer": False}
+SETTINGS = {"old": {**_NEW, "tasks_per_step": 12, "group_size": 8, "shared": False},
+            "new": _NEW,
+            "streamed": {**_NEW, "stream": True},
+            "streamed_wb1": {**_NEW, "stream": True, "window_batch": 1},
+            "deferred": {**_NEW, "stream": True, "window_batch": 1, "defer": True}}
 
 
 def cpu_seconds() -> float:
@@ -77,7 +81,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
                               rl_steps=steps)
     cpu0 = cpu_seconds()
     start = time.perf_counter()
-    records, fleets = [], []
+    records, by_method, fleets = [], {}, []
     workers = workers or fleet_workers()  # the demo's fleet
     shared = Fleet(workers=workers) if s["shared"] else None
     if shared is not None:
@@ -90,7 +94,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
             fleet = shared or Fleet(workers=workers)
             config = rl_config(cfg, 0, method, home / "base", home / "data", out, False)
             config = dataclasses.replace(config, reward=dataclasses.replace(
-                config.reward, stream=s["stream"], window_batch=s["window_batch"],
+                config.reward, stream=s["stream"], window_batch=s["window_batch"], defer_verification=s["defer"],
                 threads=threads or config.reward.threads))
             if segment is not None:
                 config = dataclasses.replace(config, rollout=dataclasses.replace(
@@ -101,12 +105,13 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
                 fleets.append(dataclasses.asdict(fleet.stats))
                 if fleet is not shared:
                     fleet.close()
-            records += read_metrics(out / "metrics.jsonl")[1:]  # the first step compiles
+            by_method[method] = read_metrics(out / "metrics.jsonl")[1:]  # the first step compiles
+            records += by_method[method]
     finally:
         if shared is not None:
             shared.close()
     rollouts = s["tasks_per_step"] * s["group_size"]
-    return {"records": records, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
+    return {"records": records, "by_method": by_method, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
             "rollouts_per_step": rollouts,
             "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
 
@@ -116,15 +121,29 @@ def untimed(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "share/"))} for r in records]
 
 
+def shares(records: list[dict]) -> dict[str, float]:
+    """Each stage's share of the summed step time of `records`."""
+    total = sum(r["time/step"] for r in records)
+    return {k: sum(r.get(f"time/{k}", 0.0) for r in records) / total for k in STAGES}
+
+
 def summarize(runs: list[dict]) -> dict:
     """Median seconds of each stage and of the step, and each stage's share of the summed step time, over all
-    records of the setting's runs."""
+    records of the setting's runs, and per method; the reward's share counts the wait for deferred
+    verification runs (`verify`) as reward."""
     records = [r for run in runs for r in run["records"]]
     out: dict = {"steps_measured": len(records), "rollouts_per_step": runs[0]["rollouts_per_step"],
                  "step_s": statistics.median(r["time/step"] for r in records)}
     out["stage_s"] = {k: statistics.median(r.get(f"time/{k}", 0.0) for r in records) for k in STAGES}
-    total = sum(r["time/step"] for r in records)
-    out["share"] = {k: sum(r.get(f"time/{k}", 0.0) for r in records) / total for k in STAGES}
+    out["share"] = shares(records)
+    out["by_method"] = {}
+    for method in runs[0]["by_method"]:
+        mine = [r for run in runs for r in run["by_method"][method]]
+        share = shares(mine)
+        out["by_method"][method] = {"step_s": statistics.median(r["time/step"] for r in mine),
+                                    "reward_s": statistics.median(r.get("time/reward", 0.0) + r.get("time/verify", 0.0)
+                                                                  for r in mine),
+                                    "reward_share": share["reward"] + share["verify"], "share": share}
     out["cpu_s"] = sum(run["cpu_s"] for run in runs)
     out["wall_s"] = sum(run["wall_s"] for run in runs)
     total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run
@@ -138,8 +157,8 @@ def main() -> int:
     parser.add_argument("--base", required=True, help="a demo output directory (its base/ and data/), or base{b} in it")
     parser.add_argument("--steps", type=int, default=10, help="RL steps per run, the first left out (default 10)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the settings (default 1)")
-    parser.add_argument("--settings", default="new,streamed,streamed_wb1",
-                        help=f"comma-separated, from {', '.join(SETTINGS)} (default new,streamed,streamed_wb1)")
+    parser.add_argument("--settings", default="streamed_wb1,deferred",
+                        help=f"comma-separated, from {', '.join(SETTINGS)} (default streamed_wb1,deferred)")
     parser.add_argument("--segment", type=int, help="decoding steps per segment of the jax engine (default: "
                         "the engine's, 64); a prompt's group is reported finished between segments")
     parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(4, 2 × cores))")
@@ -191,6 +210,10 @@ def main() -> int:
         print(f"| {name} | {r['rollouts_per_step']} | {r['step_s']:.2f} | "
               + " | ".join(f"{r['stage_s'][k]:.2f} ({100 * r['share'][k]:.0f} %)" for k in STAGES)
               + f" | {r['cpu_s_per_step']:.2f} | {r['fleet']['runs']} | {r['fleet']['cache_hits']} |")
+    for name in names:
+        print(f"{name}: " + ", ".join(f"{m} step {v['step_s']:.2f} s, reward (with verify) {v['reward_s']:.2f} s = "
+                                      f"{100 * v['reward_share']:.1f} % of its steps"
+                                      for m, v in result[name]["by_method"].items()))
     print(", ".join(f"{n}/{first}: step {result['ratio_step_to_first'][n]:.2f}x, CPU a step "
                     f"{result['ratio_cpu_per_step_to_first'][n]:.2f}x" for n in names[1:]))
     for n, equal in result.get("metrics_equal", {}).items():

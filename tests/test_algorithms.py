@@ -12,6 +12,7 @@ import pytest
 
 from advantage_batch import CASES, G, LAM, batch_lengths, batch_scores, batch_tasks
 from jaxrl import algorithms as AL
+from reward.score import analyze, unit_only_score
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "advantages_golden.json").read_text())
 
@@ -67,3 +68,20 @@ def test_plug_in_estimator_checks_name_the_key(tmp_path, monkeypatch):
         AL.resolve("grpo", "plug_checks:one_arg", None, None, {}, LAM)
     with pytest.raises(AL.AlgorithmError, match="neither a registered estimator nor module:function"):
         AL.resolve("grpo", "plug_checks:", None, None, {}, LAM)
+
+
+def test_which_algorithms_need_the_verification_runs():
+    """Unit-only algorithms let the trainer defer the verification runs; a term registered without saying
+    counts as needing them, and a unit-only score is refused where a term needs them."""
+    unit_only = {n for n in AL.algorithm_names() if not AL.resolve(n, None, None, None, {}, LAM).verified}
+    assert unit_only == {"grpo", "drgrpo", "rloo", "ea_grpo", "grpo_clean_rows"}
+    AL.register_term("test_unsaid_term")(lambda score, task: 0.0)
+    AL.register_term("test_unit_only_term", verified=False)(lambda score, task: float(score.unit))
+    assert AL.resolve("grpo", None, ("unit", "test_unsaid_term"), (1.0, 0.0), {}, LAM).verified
+    assert not AL.resolve("grpo", None, ("unit", "test_unit_only_term"), (1.0, 0.0), {}, LAM).verified
+    task = batch_tasks()[0]
+    analysis = analyze(task.buggy_code, task.solution, task.solution, 1)
+    score = unit_only_score(task, True, 1, analysis, 1)
+    assert AL.resolve("ea_grpo", None, None, None, {}, LAM).term_values(score, task) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="need the verification runs"):
+        AL.resolve("precisecoder", None, None, None, {}, LAM).term_values(score, task)

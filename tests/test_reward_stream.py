@@ -126,6 +126,48 @@ def test_one_window_a_round_gives_the_same_scores_with_fewer_runs():
     assert runs[1] < runs[4], runs
 
 
+def test_deferred_verification_scores_as_one_call_and_runs_nothing_twice():
+    """The unit-only algorithms' path: groups streamed with the unit runs alone, then
+    `DeferredVerification` over the same runs. It gives the one-call scores, and with the fleet's
+    cache off, exactly the one-call path's test runs (no unit run made twice)."""
+    tasks = load_tasks(EXAMPLES)
+    engine = OutOfOrder(None, {})
+    groups = [[(t, Prediction(t.task_id, code=engine.code(t, g))) for g in range(4)] for t in tasks]
+    pairs = [pair for group in groups for pair in group]
+    with Fleet(workers=2, cache=False) as fleet:
+        pipeline = R.RewardPipeline(fleet, 1 / 3, 1, Limits())
+        try:
+            want = pipeline(pairs)
+            one_call = fleet.stats.runs
+            with R.StreamedScoring(pipeline, lambda i, _: groups[i], verify=False) as streamed:
+                for i in reversed(range(len(groups))):
+                    streamed(i, None)
+                units = streamed.scores(len(groups))
+            unit_runs = fleet.stats.runs - one_call
+            got = R.DeferredVerification(pipeline, pairs, streamed.done()).result()
+        finally:
+            pipeline.close()
+        deferred = fleet.stats.runs - one_call
+    assert [s.to_json() for s in got] == [s.to_json() for s in want]
+    assert [s.unit for s in units] == [s.unit for s in want] and {s.status for s in units} == {"unit_only"}
+    assert 0 < unit_runs < deferred == one_call
+
+
+@pytest.mark.slow  # two 2-step GRPO runs: about 45 s on 2 cores
+def test_a_grpo_run_with_deferred_verification_equals_one_without(tmp_path):
+    """GRPO's terms need only the unit runs: deferring the verification runs past the update changes no
+    metric (precision and F1 of the rollouts included) and no update; the wait for them is `time/verify`."""
+    for name, defer in (("deferred", True), ("at_once", False)):
+        cfg = config(tmp_path / name, rollout={"engine": "test-out-of-order", "group_size": 4, "max_tokens": 120},
+                     algorithm={"name": "grpo"}, reward={"defer_verification": defer}, run={"save_every": 0})
+        train(cfg, tokenizer=TOKENIZER)
+    deferred, at_once = records(tmp_path / "deferred"), records(tmp_path / "at_once")
+    assert deferred == at_once
+    assert 0 < deferred[0]["rollout/precision"] < 1 and deferred[0]["advantage/abs_mean"] > 0
+    assert all("time/verify" in r for r in read_metrics(tmp_path / "deferred" / "metrics.jsonl"))
+    assert not any("time/verify" in r for r in read_metrics(tmp_path / "at_once" / "metrics.jsonl"))
+
+
 @pytest.mark.slow  # two 2-step training runs: 38 s of CPU, 44 to 49 s wall at load 6 to 9
 def test_a_streamed_run_equals_an_unstreamed_one_on_the_real_fleet(tmp_path):
     """Every metric but the times, both steps: rewards, advantages, the update (its loss and the

@@ -13,11 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import math
+
 from reward.diff import diff
 from reward.fleet import Fleet
 from reward.sandbox import Limits, RunResult
 from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
-from reward.score import (Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components, credit,
+from reward.score import (UNIT_ONLY, Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components, credit,
                           format_summary, identical_pairs, precision_recall_f1, scalar_reward, score_predictions,
                           span_distance)
 
@@ -316,6 +318,31 @@ def test_one_run_batch_call_per_phase_and_no_repeats(fleet):
     assert len(rec.calls[0]) == 4 + 1
     assert [len(c) for c in rec.calls[1:]] == [3, 2]
     assert [s.runs for s in scores] == [1, 1, 6, 1, 2, 0]
+
+
+def test_unit_runs_alone_then_the_rest_score_as_one_call(fleet):
+    """`verify=False` makes only the unit runs (what unit-only reward terms read); a later call with the
+    same `done` makes only the verification and window runs and scores exactly as one call does."""
+    rewrite = MEAN_C.replace("    n = len(xs) + 1\n    total = sum(xs)\n    return total / n",
+                             "    count = len(xs)\n    acc = sum(xs)\n    return acc / count")
+    items = [(MEAN, Prediction(MEAN.task_id, code=p)) for p in (MEAN_FIX, MEAN_FIX, rewrite, MEAN_C)]
+    items += [(TRIO, Prediction(TRIO.task_id, code=TRIO_C.replace(" - 1", " + 1"))),
+              (MEAN, Prediction(MEAN.task_id, response="no code")), (CLEAN, Prediction(CLEAN.task_id, code=MEAN_FIX.replace("y * 2", "2 * y")))]
+    want = score_predictions(items, Recorder(fleet), epsilon=5)
+    done, units = {}, Recorder(fleet)
+    first = score_predictions(items, units, epsilon=5, verify=False, done=done)
+    assert len(units.calls) == 1 and len(units.calls[0]) == 5  # one run per distinct program
+    for got, full in zip(first, want):
+        assert (got.unit, got.valid, got.edited_lines, got.noop, got.damage, got.faults) == \
+            (full.unit, full.valid, full.edited_lines, full.noop, full.damage, full.faults)
+        assert (got.precision, got.recall, got.f1, got.faults_fixed) == (None, None, None, 0)
+        assert math.isnan(got.reward) and got.status == UNIT_ONLY
+    rest = Recorder(fleet)
+    second = score_predictions(items, rest, epsilon=5, done=done)
+    assert [s.to_json() for s in second] == [s.to_json() for s in want]
+    sent = [job for call in rest.calls for job in call]
+    assert not set(sent) & set(units.calls[0])  # no unit run twice
+    assert [len(c) for c in rest.calls] == [1, 3, 2]  # TRIO's verification, then the rewrite's windows
 
 
 class FakeRuns:
