@@ -18,8 +18,8 @@ weights, the same scores. `time/reward` is the wait after decoding, `time/reward
 the part of `time/rollout` during which groups were being scored.
 
 An algorithm whose reward terms need only the unit runs (GRPO and the other unit-only
-algorithms: `jaxrl.algorithms.Resolved.verified` is False) takes its terms from the unit
-runs alone, with `reward.defer_verification` (the default): the verification and window
+algorithms: `jaxrl.algorithms.Resolved.verified` is False) can take its terms from the unit
+runs alone, with `reward.defer_verification` (off by default): the verification and window
 runs, which only the step's metrics read, are made while the update runs
 (`jaxrl.rewards.DeferredVerification`), and `time/verify` is the wait for what is left of
 them after the weight push. The advantages, the update and the metrics are those of scoring

@@ -78,8 +78,8 @@ def train(cfg: Config, *, resume: bool = False, engine_factory: Callable[..., En
 def freeze_heap() -> None:
     """Put every object alive now (after set-up and the first step, which compiles) out of the cyclic
     garbage collector's reach. They live as long as the run (the model, the compiled programs, JAX's
-    and Grain's caches: hundreds of thousands of objects), and each full collection that traversed
-    them took about 0.1 s of the step's time; the collector still reclaims what later steps allocate."""
+    and Grain's caches: hundreds of thousands of objects), and every full collection traversed them
+    within some step; the collector still reclaims what later steps allocate."""
     gc.collect()
     gc.freeze()
 

@@ -13,10 +13,10 @@ load hits all alike:
 - `streamed`: `new` with each group scored as soon as its samples finish, while the engine
   decodes the others (`reward.stream`);
 - `streamed_wb1`: `streamed` with one window of a prediction a round (`reward.window_batch`
-  1), so no window runs after a component's first pass;
+  1), so no window runs after a component's first pass: the trainer's default;
 - `deferred`: `streamed_wb1` with `reward.defer_verification`: GRPO's reward stage makes
   only the unit runs, and the verification runs its metrics read are made while the update
-  runs (PreciseCoder's F1 term needs them first: unchanged). The trainer's default.
+  runs (PreciseCoder's F1 term needs them first: unchanged).
 
 The settings from `new` on must write the same metrics; the bench checks it.
 
