@@ -1,9 +1,9 @@
 """Benchmark a demo RL step stage by stage: settings of the reward stage side by side, in one process.
 
 On one saved demo base (a `precisecoder demo` output directory, or `base{b}` in it:
-`base/` and `data/`), each round runs GRPO then PreciseCoder for --steps steps under
-each chosen setting (--settings), the order reversed every other round, so that machine
-load hits all alike:
+`base/` and `data/`), each round runs GRPO then PreciseCoder (or PreciseCoder first, with
+--first precisecoder) for --steps steps under each chosen setting (--settings), the order
+of the settings reversed every other round, so that machine load hits all alike:
 
 - `old`: 12 tasks × G = 8, each trainer run with its own sandbox fleet (a cold verdict
   cache), scored after decoding: the demo before the paper's protocol;
@@ -26,12 +26,12 @@ measured steps (`reward` is what is left after decoding; `reward_overlap`, part 
 scoring done during it), the step's median and each setting's ratio to the first; the CPU
 seconds of this process per step (JAX and the scorer's Python; the sandbox runs are not in
 it: their processes are reaped inside the sandbox's own pid namespaces), which load
-inflates far less than wall time; the fleet's runs and cache hits, the fleet's work
-whatever the load; and whether the settings from `new` on wrote the same metrics (every key
-but the times). With --json one object.
+inflates far less than wall time; the fleet's runs and cache hits (and the runs each method
+made), the fleet's work whatever the load; and whether the settings from `new` on wrote the
+same metrics (every key but the times). With --json one object.
 
     scripts/bench_demo_step.py --base runs/demo [--steps 10] [--repeats 1] [--settings streamed_wb1,deferred]
-        [--segment N] [--workers N] [--threads N] [--json]
+        [--segment N] [--workers N] [--threads N] [--first grpo|precisecoder] [--json]
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def cpu_seconds() -> float:
 
 
 def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int | None = None,
-                workers: int | None = None, threads: int | None = None) -> dict:
-    """GRPO then PreciseCoder for `steps` steps under setting `name` (the `jax` engine's `segment`, if
-    given; `workers` sandbox workers, default the demo's; `threads` scorer threads, default the
-    trainer's); the per-step records and costs."""
+                workers: int | None = None, threads: int | None = None, first: str = "grpo") -> dict:
+    """GRPO and PreciseCoder, `first` first, for `steps` steps under setting `name` (the `jax` engine's
+    `segment`, if given; `workers` sandbox workers, default the demo's; `threads` scorer threads,
+    default the trainer's); the per-step records and costs, and the test runs each method made."""
     import dataclasses
 
     from jaxrl.config import RewardConfig
@@ -81,7 +81,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
                               rl_steps=steps)
     cpu0 = cpu_seconds()
     start = time.perf_counter()
-    records, by_method, fleets = [], {}, []
+    records, by_method, fleets, runs_by_method = [], {}, [], {}
     workers = workers or fleet_workers()  # the demo's fleet
     shared = Fleet(workers=workers) if s["shared"] else None
     if shared is not None:
@@ -89,7 +89,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
                  *read_tasks(home / "data" / "clean.jsonl", "clean")]
         seed_fleet(shared, tasks, RewardConfig().timeout_s)
     try:
-        for method in ("grpo", "precisecoder"):
+        for method in sorted(("grpo", "precisecoder"), key=lambda m: m != first):
             out = scratch / f"{name}-{method}-{time.monotonic_ns()}"
             fleet = shared or Fleet(workers=workers)
             config = rl_config(cfg, 0, method, home / "base", home / "data", out, False)
@@ -99,10 +99,12 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
             if segment is not None:
                 config = dataclasses.replace(config, rollout=dataclasses.replace(
                     config.rollout, options={**config.rollout.options, "segment": segment}))
+            runs_before = fleet.stats.runs
             try:
                 train(config, tokenizer=load_demo_tokenizer(), fleet=fleet)
             finally:
                 fleets.append(dataclasses.asdict(fleet.stats))
+                runs_by_method[method] = fleet.stats.runs - runs_before
                 if fleet is not shared:
                     fleet.close()
             by_method[method] = read_metrics(out / "metrics.jsonl")[1:]  # the first step compiles
@@ -112,7 +114,7 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
             shared.close()
     rollouts = s["tasks_per_step"] * s["group_size"]
     return {"records": records, "by_method": by_method, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
-            "rollouts_per_step": rollouts,
+            "rollouts_per_step": rollouts, "runs_by_method": runs_by_method,
             "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
 
 
@@ -143,7 +145,8 @@ def summarize(runs: list[dict]) -> dict:
         out["by_method"][method] = {"step_s": statistics.median(r["time/step"] for r in mine),
                                     "reward_s": statistics.median(r.get("time/reward", 0.0) + r.get("time/verify", 0.0)
                                                                   for r in mine),
-                                    "reward_share": share["reward"] + share["verify"], "share": share}
+                                    "reward_share": share["reward"] + share["verify"], "share": share,
+                                    "test_runs": sum(run["runs_by_method"][method] for run in runs)}
     out["cpu_s"] = sum(run["cpu_s"] for run in runs)
     out["wall_s"] = sum(run["wall_s"] for run in runs)
     total_steps = sum(len(run["records"]) + 2 for run in runs)  # + the two compiling steps per run
@@ -163,6 +166,9 @@ def main() -> int:
                         "the engine's, 64); a prompt's group is reported finished between segments")
     parser.add_argument("--workers", type=int, help="sandbox workers (default: the demo's, min(4, 2 × cores))")
     parser.add_argument("--threads", type=int, help="scorer threads, reward.threads (default: the trainer's)")
+    parser.add_argument("--first", choices=("grpo", "precisecoder"), default="grpo",
+                        help="the method that runs first in each setting (default grpo, as in the demo); on a "
+                        "shared fleet the second finds many of the first's verdicts in the cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     home = Path(args.base).expanduser()
@@ -186,7 +192,7 @@ def main() -> int:
         for repeat in range(args.repeats):
             for name in names if repeat % 2 == 0 else names[::-1]:
                 runs[name].append(run_setting(name, home, args.steps, Path(scratch), args.segment, args.workers,
-                                                args.threads))
+                                                args.threads, args.first))
     result: dict = {name: summarize(r) for name, r in runs.items()}
     first = names[0]
     result["ratio_step_to_first"] = {n: result[n]["step_s"] / result[first]["step_s"] for n in names}
@@ -198,7 +204,7 @@ def main() -> int:
                                           for a, b in zip(runs[same[0]], runs[n])) for n in same[1:]}
     result |= {"load_average_at_start": load, "load_average_at_end": os.getloadavg(), "base": str(home),
                "steps": args.steps, "repeats": args.repeats, "settings": names, "segment": args.segment,
-               "workers": args.workers, "threads": args.threads}
+               "workers": args.workers, "threads": args.threads, "first": args.first}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -212,7 +218,7 @@ def main() -> int:
               + f" | {r['cpu_s_per_step']:.2f} | {r['fleet']['runs']} | {r['fleet']['cache_hits']} |")
     for name in names:
         print(f"{name}: " + ", ".join(f"{m} step {v['step_s']:.2f} s, reward (with verify) {v['reward_s']:.2f} s = "
-                                      f"{100 * v['reward_share']:.1f} % of its steps"
+                                      f"{100 * v['reward_share']:.1f} % of its steps, {v['test_runs']} test runs"
                                       for m, v in result[name]["by_method"].items()))
     print(", ".join(f"{n}/{first}: step {result['ratio_step_to_first'][n]:.2f}x, CPU a step "
                     f"{result['ratio_cpu_per_step_to_first'][n]:.2f}x" for n in names[1:]))
@@ -222,4 +228,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the fleet and the scratch directory are already cleaned up
+        print("bench_demo_step: interrupted, nothing printed", file=sys.stderr)
+        sys.exit(130)
