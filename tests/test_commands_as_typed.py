@@ -243,13 +243,17 @@ def _slow_predictions(path, n, sleep_s):
     return path
 
 
+RESTORE_SIGINT = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                  "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def _interrupt_once_written(argv, out, at_least, cwd):
     """Start `precisecoder ARGV`, send SIGINT once `out` holds `at_least` lines, and return (rc, stderr)."""
     # SIGINT as a terminal delivers it: a test run started in the background of a script inherits
-    # SIGINT ignored (POSIX shells ignore it in asynchronous commands), and Python keeps it so
-    proc = subprocess.Popen([str(BIN / "precisecoder"), *argv], cwd=cwd, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # SIGINT ignored (POSIX shells ignore it in asynchronous commands), and Python keeps it so. A small
+    # launcher restores it and execs the command (a preexec_fn would fork this multithreaded process).
+    proc = subprocess.Popen([sys.executable, "-c", RESTORE_SIGINT, str(BIN / "precisecoder"), *argv], cwd=cwd,
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         if out.exists() and out.read_text(encoding="utf-8").count("\n") >= at_least:
