@@ -231,7 +231,8 @@ class Resolved:
     def term_values(self, score: Score, task: Task) -> tuple[float, ...]:
         """One rollout's reward terms."""
         if score.status == UNIT_ONLY and self.verified:
-            raise ValueError(f"the terms {list(self.terms)} need the verification runs; this score has only the unit run")
+            raise ValueError(f"the terms {list(self.terms)} need the verification runs; "
+                             "this score has only the unit run")
         return tuple(get_term(t)(score, task) for t in self.terms)
 
     def advantages(self, rewards_NxGxK: Any, lengths_NxG: Any) -> Any:

@@ -113,8 +113,8 @@ def run_setting(name: str, home: Path, steps: int, scratch: Path, segment: int |
         if shared is not None:
             shared.close()
     rollouts = s["tasks_per_step"] * s["group_size"]
-    return {"records": records, "by_method": by_method, "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0,
-            "rollouts_per_step": rollouts, "runs_by_method": runs_by_method,
+    return {"records": records, "by_method": by_method, "wall_s": time.perf_counter() - start,
+            "cpu_s": cpu_seconds() - cpu0, "rollouts_per_step": rollouts, "runs_by_method": runs_by_method,
             "fleet": fleets[-1] if s["shared"] else {k: sum(f[k] for f in fleets) for k in fleets[0]}}
 
 

@@ -6,6 +6,7 @@ fleet (a recording wrapper checks the one-call-per-phase contract).
 """
 
 import dataclasses
+import math
 from fractions import Fraction as F
 from pathlib import Path
 
@@ -13,15 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import math
-
 from reward.diff import diff
 from reward.fleet import Fleet
 from reward.sandbox import Limits, RunResult
 from reward.schema import AssertTests, IOCase, IOTests, Prediction, Task, load_tasks
-from reward.score import (UNIT_ONLY, Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components, credit,
-                          format_summary, identical_pairs, precision_recall_f1, scalar_reward, score_predictions,
-                          span_distance)
+from reward.score import (UNIT_ONLY, Score, aggregate, alignment, analyze, baseline_terms, canonical_job, components,
+                          credit, format_summary, identical_pairs, precision_recall_f1, scalar_reward,
+                          score_predictions, span_distance)
 
 MEAN_C = """def mean(xs):
     n = len(xs) + 1
@@ -327,7 +326,8 @@ def test_unit_runs_alone_then_the_rest_score_as_one_call(fleet):
                              "    count = len(xs)\n    acc = sum(xs)\n    return acc / count")
     items = [(MEAN, Prediction(MEAN.task_id, code=p)) for p in (MEAN_FIX, MEAN_FIX, rewrite, MEAN_C)]
     items += [(TRIO, Prediction(TRIO.task_id, code=TRIO_C.replace(" - 1", " + 1"))),
-              (MEAN, Prediction(MEAN.task_id, response="no code")), (CLEAN, Prediction(CLEAN.task_id, code=MEAN_FIX.replace("y * 2", "2 * y")))]
+              (MEAN, Prediction(MEAN.task_id, response="no code")),
+              (CLEAN, Prediction(CLEAN.task_id, code=MEAN_FIX.replace("y * 2", "2 * y")))]
     want = score_predictions(items, Recorder(fleet), epsilon=5)
     done, units = {}, Recorder(fleet)
     first = score_predictions(items, units, epsilon=5, verify=False, done=done)
