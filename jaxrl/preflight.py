@@ -9,7 +9,6 @@ micro-batches, and `--out` against `--resume`.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 from jaxrl import algorithms
 from jaxrl.config import Config, load_config, to_dict
 from jaxrl.errors import TrainError
-from jaxrl.rollout.engine import BUILTIN_ENGINES, ENGINES
+from jaxrl.rollout.engine import engine_factory
 from models import sharding as msh
 
 # Keys that may differ between a run and its resumption (a run directory may move).
@@ -67,11 +66,10 @@ def _check_estimator_shapes(algorithm: algorithms.Resolved, n: int, g: int, spec
 
 
 def _check_engine(name: str) -> None:
-    if name not in ENGINES and name in BUILTIN_ENGINES:
-        importlib.import_module(BUILTIN_ENGINES[name])
-    if name not in ENGINES:
-        raise TrainError(f"rollout.engine: unknown engine {name!r}; choose from "
-                         f"{', '.join(sorted(set(ENGINES) | set(BUILTIN_ENGINES)))}")
+    try:
+        engine_factory(name)
+    except ValueError as e:
+        raise TrainError(f"rollout.engine: {e}") from None
 
 
 def _check_paths(cfg: Config) -> None:

@@ -41,7 +41,7 @@ from jaxrl.config import Config, to_yaml
 from jaxrl.errors import TrainError
 from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, make_engine
-from jaxrl.rollout.engine import ENGINES
+from jaxrl.rollout.engine import engine_factory
 from jaxrl.saved_run import build_model
 from models import sharding as msh
 from models.tokenizer import load_tokenizer
@@ -113,7 +113,7 @@ def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sh
     (one whose constructor takes `model`) also gets the model, the mesh and the rules."""
     name = cfg.rollout.engine
     kwargs: dict[str, Any] = {"tokenizer": tokenizer, **cfg.rollout.options}
-    if "model" in inspect.signature(ENGINES[name]).parameters:
+    if "model" in inspect.signature(engine_factory(name)).parameters:
         kwargs |= {"model": model, "mesh": mesh, "rules": rules}
     return make_engine(name, **kwargs)
 

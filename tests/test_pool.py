@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,17 @@ def test_usage_errors_exit_2(tmp_path, capsys, argv, message):
         rc = e.code
     assert rc == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_engine_lookup_of_the_trainers_set_up_works_in_a_fresh_process():
+    """`make_engine_for` (pool, supervised validation) read the registry without importing the built-in
+    engine first: `KeyError: 'jax'` in a fresh process, which no in-process test saw once another test
+    had registered it. This runs the lookup where nothing is registered yet."""
+    code = ("import types; import jaxrl.run as r; from jaxrl.rollout.engine import ENGINES; assert not ENGINES; "
+            "r.make_engine = lambda name, **kwargs: sorted(kwargs); "
+            "cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(engine='jax', options={})); "
+            "print(r.make_engine_for(cfg, 'model', 'tokenizer', 'mesh', ()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[1], env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['mesh', 'model', 'rules', 'tokenizer']"

@@ -126,11 +126,20 @@ def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[...
     return decorate
 
 
-def make_engine(name: str, **kwargs: Any) -> Engine:
-    """The engine registered as `name` (a built-in one is imported first), built with `kwargs`."""
+def engine_factory(name: str) -> Callable[..., Engine]:
+    """The constructor registered as `name`, importing a built-in engine's module on first use.
+
+    The one lookup of the registry: reading `ENGINES[name]` directly fails in a fresh process,
+    before the built-in engine's module has registered it.
+    """
     if name not in ENGINES and name in BUILTIN_ENGINES:
         importlib.import_module(BUILTIN_ENGINES[name])
     if name not in ENGINES:
         known = ", ".join(sorted(set(ENGINES) | set(BUILTIN_ENGINES)))
         raise ValueError(f"unknown engine {name!r}; choose from {known}")
-    return ENGINES[name](**kwargs)
+    return ENGINES[name]
+
+
+def make_engine(name: str, **kwargs: Any) -> Engine:
+    """The engine registered as `name` (a built-in one is imported first), built with `kwargs`."""
+    return engine_factory(name)(**kwargs)
