@@ -13,6 +13,7 @@ import glob
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 
 # name -> (module, one-line help). Add a line here to add a subcommand.
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run the chosen subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        top.print_help(sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         top.print_help()
         return 0
     if argv[0] not in COMMANDS:
@@ -78,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"precisecoder {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed it (`precisecoder score ... | head -1`): stop quietly, as Unix tools do.
+
+    Later writes (Python's own flush at exit included) go to /dev/null, so no traceback follows;
+    the status is the shell's for a command ended by SIGPIPE.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

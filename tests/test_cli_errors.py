@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,26 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
     with pytest.raises(TypeError):
         write_jsonl(tmp_path / "out.jsonl", [{"ok": 1}, {"bad": {1, 2}}])
     assert os.listdir(tmp_path) == []
+
+
+REPO = Path(__file__).parents[1]
+
+
+def test_a_closed_pipe_ends_a_command_quietly_after_its_files_are_written(tmp_path):
+    """`precisecoder score ... | head -1`: the reader is gone before the table is printed. The command
+    ends with the shell's SIGPIPE status (141) and no traceback, and its scores file is complete."""
+    examples = REPO / "reward" / "examples"
+    cmd = [sys.executable, "-m", "jaxrl.cli", "score", "--tasks", str(examples / "tasks.jsonl"),
+           "--predictions", str(examples / "predictions.jsonl"), "--out", "s.jsonl", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc.stdout.close()  # the reader leaves at once, as `head` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 4
+
+
+def test_no_arguments_print_the_help_and_exit_2(capsys):
+    assert main([]) == 2
+    assert "subcommands:" in capsys.readouterr().err
