@@ -629,10 +629,11 @@ def test_batched_window_search_matches_sequential_search(fleet, data):
 def test_unicode_whitespace_python_rejects_is_not_stripped_before_running(fleet):
     """The fix followed by a line holding only U+00A0: Python cannot compile it, so unit = 0.
 
-    The diff strips the line (str.rstrip) and sees only the fix: one modify edit whose
-    verification program (C with it, no U+00A0) passes, so p = r = 1 and, with unit = 0,
-    gated recall is the recall 1: f1 = 1 and reward = λ = 1/3.
+    The diff strips only the whitespace Python ignores (space, tab, form feed), so the U+00A0
+    line is an edit: the fix (a modify whose verification program passes) and the insert are
+    one block of ℓ = 2 with credit 1, so p = 1/2, r = 1 and, with unit = 0, f1 = 2/3.
     """
     s = score_one(fleet, MEAN, MEAN_FIX + "\u00a0")
-    assert (s.unit, s.precision, s.recall, s.f1) == (0, 1.0, 1.0, 1.0)
-    assert s.reward == pytest.approx(r(0, 1))
+    assert (s.unit, s.edited_lines, s.precision, s.recall) == (0, 2, 0.5, 1.0)
+    assert s.f1 == pytest.approx(2 / 3)
+    assert s.reward == pytest.approx(r(0, 2 / 3))
