@@ -158,6 +158,8 @@ def _rows_ending_in_string(program: str) -> set[int]:
     A program that does not tokenize keeps the rows found before the error.
     """
     rows: set[int] = set()
+    if '"""' not in program and "'''" not in program and "\\\n" not in program:
+        return rows  # only a triple quote or a backslash-newline lets a string span lines
     fstring_starts: list[int] = []  # Python >= 3.12 tokenizes an f-string in parts
     try:
         for tok in tokenize.generate_tokens(io.StringIO(program).readline):

@@ -8,6 +8,8 @@ text. Scores go through the real sandbox fleet.
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxrl.cli import main
 from reward.diff import diff, line_weights, nonblank_lines, program_size, split_lines
@@ -109,6 +111,23 @@ def test_weights_count_toward_blocks_and_edits():
 
 
 # Packed rewrites ------------------------------------------------------------------
+
+SIMPLE = st.sampled_from(["t = 0", "t += 1", "u = t * 2", "del u", "assert t", "pass", "TOTAL = t", "x = 'a; b'",
+                          "exec('y = 1; z = 2')", "f = lambda v: v + 1"])
+
+
+@given(st.lists(SIMPLE, min_size=1, max_size=8), st.sampled_from(sorted(PACKINGS)))
+@settings(max_examples=200, deadline=None)
+def test_packing_never_makes_the_diff_smaller(lines, packing):
+    """Pure: for any rewrite of simple statements, the packed line's ℓ is at least the normal form's
+    (equal for `\\r` and `;`), so packing cannot raise precision by shrinking ℓ."""
+    def ell(program):
+        return sum(b.size for b in diff(AREA_C, program))
+
+    normal, packed = ell(with_rewrite("\n".join(lines))), ell(with_rewrite(PACKINGS[packing](lines)))
+    assert packed >= normal
+    if packing in ("semicolons", "carriage returns"):
+        assert packed == normal
 
 
 def test_packed_rewrites_never_earn_more_than_written_normally(fleet):
