@@ -27,6 +27,7 @@ Choices the specification leaves open are listed in docs/reward.md.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -143,14 +144,19 @@ class Component:
     def windows(self, s: int) -> list[tuple[Edit, ...]]:
         """The contiguous windows of edits of P_K that weigh s in all, in position order (at most one
         starts at each edit, since every edit weighs at least 1)."""
-        found = []
-        for start in range(len(self.edits)):
-            weight, end = 0, start
-            while end < len(self.edits) and weight < s:
-                weight, end = weight + self.edits[end].weight, end + 1
-            if weight == s:
-                found.append(self.edits[start:end])
-        return found
+        before = self._weight_before()
+        ends = ((start, bisect.bisect_left(before, before[start] + s)) for start in range(len(self.edits)))
+        return [self.edits[start:end] for start, end in ends if end < len(before) and before[end] == before[start] + s]
+
+    def window_count(self) -> int:
+        """How many windows the search may try: those weighing 1 … `search_bound`."""
+        before = self._weight_before()
+        return sum(bisect.bisect_right(before, before[start] + self.search_bound) - start - 1
+                   for start in range(len(self.edits))) if self.search_bound > 0 else 0
+
+    def _weight_before(self) -> list[int]:
+        """The weight of edits[:k] for k = 0 … len(edits), increasing."""
+        return list(itertools.accumulate((e.weight for e in self.edits), initial=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +386,7 @@ class WindowSearch:
         self._budget = max_window_runs
         self._budget_s, self._window_s = budget_s, window_s
         self._size = {k: comp.size for k, comp in components}
-        self._left = {k: sum(len(comp.windows(s)) for s in range(1, comp.search_bound + 1)) for k, comp in components}
+        self._left = {k: comp.window_count() for k, comp in components}
         for k, left in self._left.items():
             if not left:
                 self.essential[k] = self._size[k]

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxrl.cli import main
-from reward.diff import diff, line_weights, nonblank_lines, program_size, split_lines
+from reward.diff import INSERT, Edit, diff, line_weights, nonblank_lines, program_size, split_lines
 from reward.fleet import Fleet
 from reward.schema import AssertTests, Prediction, Task, write_predictions, write_tasks
-from reward.score import baseline_terms, score_predictions
+from reward.score import Component, baseline_terms, score_predictions
 
 # A module-level fault, so every packing style (`;`, `exec`, `\r`) can hold a rewrite of it.
 AREA_C = """def area(r):
@@ -108,6 +108,21 @@ def test_weights_count_toward_blocks_and_edits():
     assert [(e.kind, e.weight) for e in block.edits] == [("modify", 2)]  # the larger of old and new
     [block] = diff(c, "def f(x):\n    return x\n")
     assert block.size == 2
+
+
+@given(st.lists(st.sampled_from([1, 1, 1, 2, 3, 5]), max_size=9), st.integers(0, 15))
+@settings(max_examples=200, deadline=None)
+def test_windows_are_the_contiguous_runs_of_each_weight(weights, cap):
+    edits = tuple(Edit(INSERT, n, None, str(n), str(n), w) for n, w in enumerate(weights))
+    component = Component((0,), (0,), cap, edits, ())
+    runs = [edits[a:b] for a in range(len(edits)) for b in range(a + 1, len(edits) + 1)]
+
+    def weighing(s):
+        return [run for run in runs if sum(e.weight for e in run) == s]
+
+    assert component.size == sum(weights)
+    assert all(component.windows(s) == weighing(s) for s in range(1, sum(weights) + 2))
+    assert component.window_count() == sum(len(weighing(s)) for s in range(1, component.search_bound + 1))
 
 
 # Packed rewrites ------------------------------------------------------------------
