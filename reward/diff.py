@@ -336,9 +336,10 @@ def edits_of(blocks: Iterable[Block]) -> list[Edit]:
 def apply(c: str, *edit_groups: Iterable[Edit]) -> str:
     """Build a program from C's lines (blank ones included) and the edits.
 
-    C's line ends are normalized first, as `diff` numbers its lines. Groups are given in precedence order: where inserts of several groups meet
-    at one place, the earlier group's come first (the scorer passes reference
-    edits before predicted ones).
+    C's line ends are normalized first, as `diff` numbers its lines. Groups
+    are given in precedence order: where inserts of several groups meet at one
+    place, the earlier group's come first (the scorer passes reference edits
+    before predicted ones).
     """
     lines = normalize_newlines(c).split("\n")
     replaced: dict[int, str | None] = {}

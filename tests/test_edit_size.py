@@ -147,8 +147,9 @@ def test_packing_never_makes_the_diff_smaller(lines, packing):
 
 def test_packed_rewrites_never_earn_more_than_written_normally(fleet):
     """Every rewrite in every packing style: reward and precision at most those of the normal form,
-    and ℓ, where the program runs, at least its number of lines. The red-team case (six lines: normal ℓ = 6, credit = cap = 2,
-    p = 1/3, f1 = 1/2, reward 5/6 = 0.833) gave the packed line ℓ = 1, p = 1, reward 1.000."""
+    and ℓ, where the program runs, at least its number of lines. The red-team case (six lines:
+    normal ℓ = 6, credit = cap = 2, p = 1/3, f1 = 1/2, reward 5/6 = 0.833) gave the packed line
+    ℓ = 1, p = 1, reward 1.000."""
     names = [(r, p) for r in REWRITES for p in PACKINGS]
     normal = score_all(fleet, AREA, [with_rewrite("\n".join(lines)) for lines in REWRITES.values()])
     packed = score_all(fleet, AREA, [with_rewrite(PACKINGS[p](REWRITES[r])) for r, p in names])
