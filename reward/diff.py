@@ -117,7 +117,8 @@ def split_lines(program: str) -> list[str]:
 def nonblank_lines(program: str) -> list[tuple[int, str]]:
     """(1-based line number, text as `split_lines` gives it) of every non-blank line.
 
-    A line is blank when nothing but whitespace is left of it and its end is not inside a string literal.
+    A line is blank when nothing but whitespace is left of it, its end is not inside a string literal
+    and the line before does not end with a backslash (a line continued by an empty one is an error).
     """
     texts, blank, _ = _lines(program)
     return [(n, text) for n, text in enumerate(texts, start=1) if n not in blank]
@@ -142,11 +143,13 @@ def _lines(program: str) -> tuple[tuple[str, ...], frozenset[int], tuple[tuple[i
     in_string = _rows_ending_in_string(program)
     texts: list[str] = []
     blank: set[int] = set()
+    continued = False  # the line before ends with a backslash: Python joins this one to it, even if empty
     for n, line in enumerate(program.split("\n"), start=1):
         stripped = line.rstrip(_PY_SPACE)
         texts.append(line if n in in_string or stripped.endswith("\\") else stripped)
-        if n not in in_string and not stripped.strip(_PY_SPACE):
+        if n not in in_string and not continued and not stripped.strip(_PY_SPACE):
             blank.add(n)
+        continued = stripped.endswith("\\")
     nonblank = [(n, text) for n, text in enumerate(texts, start=1) if n not in blank]
     counts = _statement_counts(program, nonblank)
     return tuple(texts), frozenset(blank), tuple((n, max(1, counts[n])) for n, _ in nonblank)

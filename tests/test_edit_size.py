@@ -98,6 +98,7 @@ def test_trailing_whitespace_counts_where_it_is_program_text():
     assert split_lines(program) == ['s = """one  ', "", "  two\t", '"""', 't = "x \\', '  y"', "u = 1 + \\  ", "2",
                                     "v = 4\u00a0", "w = 5"]
     assert [n for n, _ in nonblank_lines(program)] == list(range(1, 11))  # the empty line inside the string too
+    assert nonblank_lines("x = 1 + \\\n\n2\n\ny = 3") == [(1, "x = 1 + \\"), (2, ""), (3, "2"), (5, "y = 3")]
 
 
 def test_weights_count_toward_blocks_and_edits():
@@ -220,6 +221,7 @@ BREAKING = {  # whitespace that changes what the program means: each is an edit,
     "trailing tab inside a string": BANNER_C.replace("hello\n", "hello\t\n"),
     "empty line inside a string": BANNER_C.replace("hello\n", "hello\n\n"),
     "space after a line-continuation backslash": BANNER_C.replace("\\\n", "\\ \n"),
+    "empty line after a line-continuation backslash": BANNER_C.replace("\\\n", "\\\n\n"),
     "U+00A0 at a line end": BANNER_C.replace("return SIZE", "return SIZE\u00a0"),
 }
 HARMLESS = {  # whitespace Python ignores: a no-op that passes
