@@ -6,7 +6,7 @@ through a `run_batch(jobs) -> results` callable (in production `Fleet.run`)
 in phases, one call each: unit runs, then component verifications, then the
 essential-subset windows (`verify=False` stops after the unit runs; a `done` dict
 shared with a later call lets it make only the rest). The window search (`WindowSearch`) gives exactly
-the sequential search's answer (window weights s = 1, 2, ..., then components, then
+the sequential search's answer (window sizes s = 1, 2, ... in weights, then components, then
 positions; the first pass settles a component) within `max_window_runs`
 windows per prediction, but runs the next windows of every prediction still
 searching together, at most `window_batch` of one size per prediction per
@@ -145,14 +145,21 @@ class Component:
         """The contiguous windows of edits of P_K that weigh s in all, in position order (at most one
         starts at each edit, since every edit weighs at least 1)."""
         before = self._weight_before()
-        ends = ((start, bisect.bisect_left(before, before[start] + s)) for start in range(len(self.edits)))
-        return [self.edits[start:end] for start, end in ends if end < len(before) and before[end] == before[start] + s]
+        found = []
+        for start in range(len(self.edits)):
+            end = bisect.bisect_left(before, before[start] + s)  # the shortest run from start weighing >= s
+            if end < len(before) and before[end] == before[start] + s:
+                found.append(self.edits[start:end])
+        return found
 
     def window_count(self) -> int:
         """How many windows the search may try: those weighing 1 … `search_bound`."""
+        if self.search_bound < 1:
+            return 0
         before = self._weight_before()
+        # From each start, the runs within the bound end before the first prefix weight above it.
         return sum(bisect.bisect_right(before, before[start] + self.search_bound) - start - 1
-                   for start in range(len(self.edits))) if self.search_bound > 0 else 0
+                   for start in range(len(self.edits)))
 
     def _weight_before(self) -> list[int]:
         """The weight of edits[:k] for k = 0 … len(edits), increasing."""
@@ -365,8 +372,8 @@ class _Runner:
 class WindowSearch:
     """The essential-subset search of one prediction, run a batch of windows at a time.
 
-    The result is the spec's sequential search: windows in order of weight s,
-    then component, then position; a component settles at the weight of its
+    The result is the spec's sequential search: windows in order of size s (their summed weight),
+    then component, then position; a component settles at the size of its
     first passing window, or at ℓ_K once its last window fails; every window
     tried for an unsettled component uses one of `max_window_runs`, and its
     duration comes out of `budget_s`. When either is used up, the components
