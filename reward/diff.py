@@ -1,7 +1,12 @@
 """Line diffs, edits and blocks (docs/reward.md, "Lines, edits and blocks").
 
-Programs are compared on their non-blank lines (trailing whitespace stripped),
-each keeping its 1-based line number in its own program. Every non-equal
+Programs are split into lines as Python splits them (`\\r\\n`, `\\r` and `\\n`
+all end a line) and compared on their non-blank lines, trailing whitespace
+stripped except where it is program text (a line end inside a string literal,
+or after a line-continuation backslash), each keeping its 1-based line number
+in its own program. A line weighs as many edits as a reader sees statements on
+it (`line_weights`), so packing code onto one line does not hide its size; a
+block's size is the sum of its edits' weights. Every non-equal
 opcode of `difflib.SequenceMatcher` becomes line edits; a `replace` opcode
 pairs lines into `modify` edits by the optimal monotone pairing (exact
 `Fraction` sums of `SequenceMatcher.ratio`, ties to the lexicographically
@@ -18,10 +23,14 @@ because blocks whose spans overlap always align).
 
 from __future__ import annotations
 
+import ast
 import bisect
 import dataclasses
 import difflib
 import functools
+import io
+import tokenize
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
@@ -38,6 +47,8 @@ class Edit:
         old: the stripped C text (modify, delete), else None.
         new: the stripped P text (modify, insert), else None.
         raw: the new text as written in P (modify, insert), else None.
+        weight: the statements a reader sees it change (`line_weights`): the new line's for an insert,
+            the old line's for a delete, the larger of the two for a modify.
     """
 
     kind: str
@@ -45,6 +56,7 @@ class Edit:
     old: str | None = None
     new: str | None = None
     raw: str | None = None
+    weight: int = 1
 
     @property
     def position(self) -> float:
@@ -67,6 +79,11 @@ class Block:
         return len(self.edits)
 
     @property
+    def size(self) -> int:
+        """|δ|: the sum of its edits' weights."""
+        return sum(e.weight for e in self.edits)
+
+    @property
     def span(self) -> tuple[float, float]:
         """Closed interval of the C lines it modifies or deletes; [p+0.5, p+0.5] if it only inserts after p."""
         lines = [e.line for e in self.edits if e.kind != INSERT]
@@ -79,14 +96,140 @@ class Block:
         return tuple(e.signature for e in self.edits)
 
 
+def normalize_newlines(text: str) -> str:
+    """`\\r\\n` and lone `\\r` as `\\n`: the line ends Python's tokenizer sees (it reads a `\\r` inside a
+    string literal as `\\n` too, so the program means the same)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+_PY_SPACE = " \t\f"  # the whitespace Python ignores at a line's end; any other character there is program text
+
+
 def split_lines(program: str) -> list[str]:
-    """All lines of a program, trailing whitespace stripped (`str.split("\\n")`, so a final newline gives a last empty line)."""
-    return [line.rstrip() for line in program.split("\n")]
+    """All lines of a program (line ends normalized; a final newline gives a last empty line).
+
+    Trailing spaces, tabs and form feeds are stripped, except on a line whose end lies inside a string
+    literal or that ends with a line-continuation backslash: there they change what the program means.
+    """
+    return list(_lines(program)[0])
 
 
 def nonblank_lines(program: str) -> list[tuple[int, str]]:
-    """(1-based line number, stripped text) of every non-blank line."""
-    return [(n, text) for n, text in enumerate(split_lines(program), start=1) if text]
+    """(1-based line number, text as `split_lines` gives it) of every non-blank line.
+
+    A line is blank when nothing but whitespace is left of it, its end is not inside a string literal
+    and the line before does not end with a backslash (a line continued by an empty one is an error).
+    """
+    texts, blank, _ = _lines(program)
+    return [(n, text) for n, text in enumerate(texts, start=1) if n not in blank]
+
+
+def line_weights(program: str) -> dict[int, int]:
+    """Non-blank line number -> its weight: the statements starting on it (`;`-separated simple
+    statements, a compound header and the body on its line), plus the size of the code of every
+    `exec`, `eval` or `compile` of a string literal called there; at least 1."""
+    return dict(_lines(program)[2])
+
+
+def program_size(program: str) -> int:
+    """The sum of the weights of a program's non-blank lines (the edits it takes to write it anew)."""
+    return sum(w for _, w in _lines(program)[2])
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _lines(program: str) -> tuple[tuple[str, ...], frozenset[int], tuple[tuple[int, int], ...]]:
+    """(texts of all lines, numbers of the blank ones, (number, weight) of the others)."""
+    program = normalize_newlines(program)
+    in_string = _rows_ending_in_string(program)
+    texts: list[str] = []
+    blank: set[int] = set()
+    continued = False  # the line before ends with a backslash: Python joins this one to it, even if empty
+    for n, line in enumerate(program.split("\n"), start=1):
+        stripped = line.rstrip(_PY_SPACE)
+        texts.append(line if n in in_string or stripped.endswith("\\") else stripped)
+        if n not in in_string and not continued and not stripped.strip(_PY_SPACE):
+            blank.add(n)
+        continued = stripped.endswith("\\")
+    nonblank = [(n, text) for n, text in enumerate(texts, start=1) if n not in blank]
+    counts = _statement_counts(program, nonblank)
+    return tuple(texts), frozenset(blank), tuple((n, max(1, counts[n])) for n, _ in nonblank)
+
+
+def _rows_ending_in_string(program: str) -> set[int]:
+    """The lines whose end lies inside a string literal: all lines of a multi-line string but its last.
+
+    A program that does not tokenize keeps the rows found before the error.
+    """
+    rows: set[int] = set()
+    if '"""' not in program and "'''" not in program and "\\\n" not in program:
+        return rows  # only a triple quote or a backslash-newline lets a string span lines
+    fstring_starts: list[int] = []  # Python >= 3.12 tokenizes an f-string in parts
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(program).readline):
+            if tok.type == tokenize.STRING:
+                rows.update(range(tok.start[0], tok.end[0]))
+            elif tok.type == getattr(tokenize, "FSTRING_START", None):
+                fstring_starts.append(tok.start[0])
+            elif tok.type == getattr(tokenize, "FSTRING_END", None) and fstring_starts:
+                rows.update(range(fstring_starts.pop(), tok.end[0]))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return rows
+
+
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
+_LINE_CONTEXTS = ("", "async def _():\n ", "if 1: pass\n", "try: pass\n")  # what a lone line may need before it
+_CODE_RUNNERS = frozenset({"exec", "eval", "compile"})
+
+
+def _statement_counts(program: str, nonblank: Sequence[tuple[int, str]]) -> Counter[int]:
+    """Line number -> statements starting on it plus the size of the literal code run there.
+
+    The program is parsed whole. When it does not parse, each non-blank line is parsed alone, in the
+    first of `_LINE_CONTEXTS` that accepts it (so `return a; b` counts 2); a line that parses in none
+    counts 0, which weighs 1.
+    """
+    try:
+        return _counts_in(ast.parse(program))
+    except _PARSE_ERRORS:
+        pass
+    counts: Counter[int] = Counter()
+    for n, text in nonblank:
+        for context in _LINE_CONTEXTS:
+            try:
+                tree = ast.parse(context + text.strip(_PY_SPACE))
+            except _PARSE_ERRORS:
+                continue
+            counts[n] = _counts_in(tree)[context.count("\n") + 1]
+            break
+    return counts
+
+
+def _counts_in(tree: ast.AST) -> Counter[int]:
+    """Line number -> statements starting on it, plus `program_size` of the literal code of every
+    `exec`/`eval`/`compile` call starting on it."""
+    counts: Counter[int] = Counter()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt):
+            counts[node.lineno] += 1
+        elif (code := _literal_code(node)) is not None:
+            counts[node.lineno] += program_size(code)
+    return counts
+
+
+def _literal_code(node: ast.AST) -> str | None:
+    """The source of `exec`, `eval` or `compile` (by name or attribute) called on a str or bytes
+    literal, else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    source = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "source"), None)
+    if name not in _CODE_RUNNERS or not isinstance(source, ast.Constant):
+        return None
+    if isinstance(source.value, bytes):
+        return source.value.decode("utf-8", "replace")
+    return source.value if isinstance(source.value, str) else None
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -141,8 +284,9 @@ def diff(c: str, p: str) -> list[Block]:
 def _diff(c: str, p: str) -> tuple[Block, ...]:
     """`diff`, memoized: every score of a task diffs its reference fix, and a group often repeats a program."""
     c_lines, p_lines = nonblank_lines(c), nonblank_lines(p)
-    blank = [n for n, text in enumerate(split_lines(c), start=1) if not text]
-    p_raw = p.split("\n")
+    blank = sorted(_lines(c)[1])
+    c_weight, p_weight = line_weights(c), line_weights(p)
+    p_raw = normalize_newlines(p).split("\n")
     matcher = difflib.SequenceMatcher(None, [t for _, t in c_lines], [t for _, t in p_lines], autojunk=False)
     blocks = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -157,15 +301,15 @@ def _diff(c: str, p: str) -> tuple[Block, ...]:
         for r, (n, text) in enumerate(removed):
             if r in partner_of_r:
                 m, new = added[partner_of_r[r]]
-                edits.append(Edit(MODIFY, n, text, new, p_raw[m - 1]))
+                edits.append(Edit(MODIFY, n, text, new, p_raw[m - 1], max(c_weight[n], p_weight[m])))
             else:
-                edits.append(Edit(DELETE, n, text))
+                edits.append(Edit(DELETE, n, text, weight=c_weight[n]))
         anchor = before
         for a, (m, new) in enumerate(added):
             if a in partner_of_a:
                 anchor = removed[partner_of_a[a]][0]
             else:
-                edits.append(Edit(INSERT, anchor, None, new, p_raw[m - 1]))
+                edits.append(Edit(INSERT, anchor, None, new, p_raw[m - 1], p_weight[m]))
         edits.sort(key=lambda e: e.position)  # stable: inserts at one place keep their order
         blocks.extend(Block(part) for part in split_at_blank_lines(edits, blank))
     return tuple(blocks)
@@ -195,11 +339,12 @@ def edits_of(blocks: Iterable[Block]) -> list[Edit]:
 def apply(c: str, *edit_groups: Iterable[Edit]) -> str:
     """Build a program from C's lines (blank ones included) and the edits.
 
-    Groups are given in precedence order: where inserts of several groups meet
-    at one place, the earlier group's come first (the scorer passes reference
-    edits before predicted ones).
+    C's line ends are normalized first, as `diff` numbers its lines. Groups
+    are given in precedence order: where inserts of several groups meet at one
+    place, the earlier group's come first (the scorer passes reference edits
+    before predicted ones).
     """
-    lines = c.split("\n")
+    lines = normalize_newlines(c).split("\n")
     replaced: dict[int, str | None] = {}
     inserted: dict[int, list[str]] = {}
     for group in edit_groups:

@@ -6,7 +6,7 @@ through a `run_batch(jobs) -> results` callable (in production `Fleet.run`)
 in phases, one call each: unit runs, then component verifications, then the
 essential-subset windows (`verify=False` stops after the unit runs; a `done` dict
 shared with a later call lets it make only the rest). The window search (`WindowSearch`) gives exactly
-the sequential search's answer (sizes s = 1, 2, ..., then components, then
+the sequential search's answer (window sizes s = 1, 2, ... in weights, then components, then
 positions; the first pass settles a component) within `max_window_runs`
 windows per prediction, but runs the next windows of every prediction still
 searching together, at most `window_batch` of one size per prediction per
@@ -27,6 +27,7 @@ Choices the specification leaves open are listed in docs/reward.md.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -35,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from reward.diff import Block, Edit, apply, diff, edits_of, nonblank_lines
+from reward.diff import Block, Edit, apply, diff, edits_of, normalize_newlines, program_size
 from reward.extract import extract_program
 from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.schema import Prediction, Task, Tests
@@ -128,12 +129,12 @@ class Component:
 
     @property
     def size(self) -> int:
-        """ℓ_K, the number of predicted edits in K."""
-        return len(self.edits)
+        """ℓ_K, the summed weight of the predicted edits in K."""
+        return sum(e.weight for e in self.edits)
 
     @property
     def search_bound(self) -> int:
-        """The largest window size tried: min(ℓ_K, cap_K) − 1 (no search when below 1)."""
+        """The largest window weight tried: min(ℓ_K, cap_K) − 1 (no search when below 1)."""
         return min(self.size, self.cap) - 1
 
     def program(self, c: str, edits: Sequence[Edit] | None = None) -> str:
@@ -141,8 +142,28 @@ class Component:
         return apply(c, self.others, self.edits if edits is None else edits)
 
     def windows(self, s: int) -> list[tuple[Edit, ...]]:
-        """The contiguous windows of s edits of P_K, in position order."""
-        return [self.edits[k:k + s] for k in range(self.size - s + 1)]
+        """The contiguous windows of edits of P_K that weigh s in all, in position order (at most one
+        starts at each edit, since every edit weighs at least 1)."""
+        before = self._weight_before()
+        found = []
+        for start in range(len(self.edits)):
+            end = bisect.bisect_left(before, before[start] + s)  # the shortest run from start weighing >= s
+            if end < len(before) and before[end] == before[start] + s:
+                found.append(self.edits[start:end])
+        return found
+
+    def window_count(self) -> int:
+        """How many windows the search may try: those weighing 1 … `search_bound`."""
+        if self.search_bound < 1:
+            return 0
+        before = self._weight_before()
+        # From each start, the runs within the bound end before the first prefix weight above it.
+        return sum(bisect.bisect_right(before, before[start] + self.search_bound) - start - 1
+                   for start in range(len(self.edits)))
+
+    def _weight_before(self) -> list[int]:
+        """The weight of edits[:k] for k = 0 … len(edits), increasing."""
+        return list(itertools.accumulate((e.weight for e in self.edits), initial=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +176,8 @@ class Analysis:
 
     @property
     def edited_lines(self) -> int:
-        """ℓ = Σ |δ̂| over the predicted blocks."""
-        return sum(len(b) for b in self.predicted)
+        """ℓ = Σ |δ̂| over the predicted blocks (edits weighted by the statements they change)."""
+        return sum(b.size for b in self.predicted)
 
 
 def analyze(buggy: str, solution: str, program: str, epsilon: int) -> Analysis:
@@ -164,7 +185,7 @@ def analyze(buggy: str, solution: str, program: str, epsilon: int) -> Analysis:
     reference, predicted = diff(buggy, solution), diff(buggy, program)
     built = []
     for refs, preds in components(reference, predicted):
-        cap = sum(len(reference[i]) for i in refs) + epsilon * len(refs)
+        cap = sum(reference[i].size for i in refs) + epsilon * len(refs)
         edits = edits_of(predicted[j] for j in preds)
         others = edits_of(b for i, b in enumerate(reference) if i not in refs)
         built.append(Component(refs, preds, cap, tuple(edits), tuple(others)))
@@ -351,7 +372,7 @@ class _Runner:
 class WindowSearch:
     """The essential-subset search of one prediction, run a batch of windows at a time.
 
-    The result is the spec's sequential search: windows in order of size s,
+    The result is the spec's sequential search: windows in order of size s (their summed weight),
     then component, then position; a component settles at the size of its
     first passing window, or at ℓ_K once its last window fails; every window
     tried for an unsettled component uses one of `max_window_runs`, and its
@@ -372,7 +393,7 @@ class WindowSearch:
         self._budget = max_window_runs
         self._budget_s, self._window_s = budget_s, window_s
         self._size = {k: comp.size for k, comp in components}
-        self._left = {k: sum(comp.size - s + 1 for s in range(1, comp.search_bound + 1)) for k, comp in components}
+        self._left = {k: comp.window_count() for k, comp in components}
         for k, left in self._left.items():
             if not left:
                 self.essential[k] = self._size[k]
@@ -437,9 +458,11 @@ def program_of(prediction: Prediction, think_opened: bool = False) -> str | None
     """The prediction's program: `code` if given, else the program extracted from `response`.
 
     The prediction's own `think_opened` wins; `think_opened` here is the default for those without it.
+    Line ends are normalized (`\\r\\n` and `\\r` as `\\n`, as Python reads them and as extraction
+    already does), so the program that runs is the one the diff numbers.
     """
     if prediction.code is not None:
-        return prediction.code
+        return normalize_newlines(prediction.code)
     opened = think_opened if prediction.think_opened is None else prediction.think_opened
     return extract_program(prediction.response or "", think_opened=opened)
 
@@ -553,9 +576,10 @@ def baseline_terms(score: Score, buggy_code: str) -> tuple[float, float]:
     """The terms [unit, ℓ] that the EA-GRPO and "GRPO + clean rows" estimators of `jaxrl.advantages` take.
 
     ℓ is a count, not a reward: the estimators own the sign of its penalty
-    (clean rows standardize −ℓ). An invalid rollout's ℓ is C's number of non-blank lines.
+    (clean rows standardize −ℓ). An invalid rollout's ℓ is C's size (`program_size`: the summed
+    weight of its non-blank lines, their number when each holds one statement).
     """
-    ell = score.edited_lines if score.valid else len(nonblank_lines(buggy_code))
+    ell = score.edited_lines if score.valid else program_size(buggy_code)
     return float(score.unit), float(ell)
 
 

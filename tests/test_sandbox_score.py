@@ -53,7 +53,7 @@ def test_windows_that_hang_alone_cannot_buy_worker_time():
 
     lines = []
     for i in range(12):
-        lines += [f"B{i} = 1", f"while 'B{i}' not in globals(): pass"]
+        lines += [f"B{i} = 1", f"W{i} = any(iter(lambda: 'B{i}' in globals(), True))"]  # one statement a line
     prediction = "\n".join(lines + ["f = lambda x: x + 2"]) + "\n"
     task = Task("hang", "hang", "fix", "f = lambda x: x + 1\n", "f = lambda x: x + 2\n",
                 AssertTests("assert f(1) == 3\n"), timeout_s=5.0)

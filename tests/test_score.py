@@ -266,6 +266,14 @@ CASES = [
      dict(valid=False, unit=0, precision=0, recall=0, reward=0, edited_lines=None, runs=0)),
     ("think opened by the prompt and closed", MEAN, None, "the fix is\n</think>\n" + fence(MEAN_FIX),
      {"think_opened": True}, dict(valid=True, unit=1, reward=1)),
+    # The rewrite packed on line 2 (docs example 5): one modify of weight 3 (three statements), ℓ = 3,
+    # cap 2, no window weighs 1: |ess| = ℓ_K = 3, credit 2, p = 2/3 as written on three lines. Runs: P.
+    ("packed line", MEAN, MEAN_C.replace("n = len(xs) + 1", "k = list(xs); c = len(k); n = c"), None, {},
+     dict(unit=1, precision=F(2, 3), recall=1, f1=F(4, 5), reward=r(1, F(4, 5)), edited_lines=3, blocks=1, runs=1)),
+    # The fix and a line-3 edit of weight 2: ℓ_K = 3, windows of weight 1: only [modify 2], which passes:
+    # |ess| = 1, credit 1, p = 1/3. Runs: P + 1 window.
+    ("fix beside a packed line", MEAN, MEAN_FIX.replace("total = sum(xs)", "total = sum(xs); total += 0"), None, {},
+     dict(unit=1, precision=F(1, 3), recall=1, f1=F(1, 2), reward=r(1, F(1, 2)), edited_lines=3, blocks=1, runs=2)),
     # λ = 0.5 on the fix plus an unrelated edit: 0.5 + 0.5·2/3.
     ("lambda", MEAN, MEAN_FIX.replace("y * 2", "y + y"), None, {"lam": 0.5}, dict(reward=F(5, 6))),
 ]
@@ -629,10 +637,11 @@ def test_batched_window_search_matches_sequential_search(fleet, data):
 def test_unicode_whitespace_python_rejects_is_not_stripped_before_running(fleet):
     """The fix followed by a line holding only U+00A0: Python cannot compile it, so unit = 0.
 
-    The diff strips the line (str.rstrip) and sees only the fix: one modify edit whose
-    verification program (C with it, no U+00A0) passes, so p = r = 1 and, with unit = 0,
-    gated recall is the recall 1: f1 = 1 and reward = λ = 1/3.
+    The diff strips only the whitespace Python ignores (space, tab, form feed), so the U+00A0
+    line is an edit: the fix (a modify whose verification program passes) and the insert are
+    one block of ℓ = 2 with credit 1, so p = 1/2, r = 1 and, with unit = 0, f1 = 2/3.
     """
     s = score_one(fleet, MEAN, MEAN_FIX + "\u00a0")
-    assert (s.unit, s.precision, s.recall, s.f1) == (0, 1.0, 1.0, 1.0)
-    assert s.reward == pytest.approx(r(0, 1))
+    assert (s.unit, s.edited_lines, s.precision, s.recall) == (0, 2, 0.5, 1.0)
+    assert s.f1 == pytest.approx(2 / 3)
+    assert s.reward == pytest.approx(r(0, 2 / 3))
