@@ -240,17 +240,13 @@ class _Late(Exception):
 
 
 class _TimedChannel(Channel):
-    """The judge's channel with the run's deadline on every request."""
-
-    def __init__(self, sock: Any, deadline: float):
-        super().__init__(sock)
-        self.deadline = deadline
+    """The judge's channel, whose requests (the send and every read of the reply) end at the run's deadline."""
 
     def request(self, msg: dict) -> dict:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise _Late()
-        self.sock.settimeout(left)
+        self.sock.settimeout(left)  # the send's bound; the reply's reads are bounded by the deadline itself
         return super().request(msg)
 
 
@@ -263,8 +259,7 @@ def judge(sock: Any, plan: Plan, deadline: float) -> tuple[str, str, bool]:
     outcome, detail, line = "error", "", 0
     try:
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            hello = recv_frame(sock)
+            hello = recv_frame(sock, deadline)
         except EOFError:
             raise channel.fail(ProxyError("the program's process ended before its names were read")) from None
         except (OSError, CodecError) as e:

@@ -187,6 +187,38 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
         "        pass\ndef answer():\n    return 0\n", "assert answer() == 42\n"),
 }
 
+# Round 3 (issue #42): an operator between the program's object and an expected value would hand the
+# value to the program, whose method answers what makes the comparison hold (HumanEval/4's check is
+# `abs(candidate(...) - 1.0) < 1e-6`). The judge refuses operators with plain data (a TypeError).
+OPERATOR_CHEAT = textwrap.dedent('''
+    class Cheat:
+        def __sub__(self, other):
+            return 0.0
+        __rsub__ = __isub__ = __mod__ = __sub__
+        def __truediv__(self, other):
+            return 1
+        __floordiv__ = __truediv__
+        def __divmod__(self, other):
+            return (1, 0)
+        def __and__(self, other):
+            return other
+        __or__ = __ror__ = __and__
+    def answer():
+        return Cheat()
+    ''')
+HOSTILE_ASSERT.update({f"operator_with_an_expected_value_{name}": (OPERATOR_CHEAT, tests) for name, tests in (
+    ("sub", "assert abs(answer() - 42.0) < 1e-6\n"),
+    ("sub_in_a_check", "def check(candidate):\n    assert abs(candidate() - 42.0) < 1e-6\ncheck(answer)\n"),
+    ("rsub", "assert abs(42.0 - answer()) < 1e-6\n"),
+    ("isub", "r = answer()\nr -= 42\nassert r == 0\n"),
+    ("truediv", "assert answer() / 42 == 1\n"),
+    ("floordiv", "assert answer() // 42 == 1\n"),
+    ("mod", "assert answer() % 42 == 0\n"),
+    ("divmod", "assert divmod(answer(), 42) == (1, 0)\n"),
+    ("and", "assert answer() & 42 == 42\n"),
+    ("ror", "assert 42 | answer() == 42\n"),
+)})
+
 # A right program for each hostile case's tests (default: answer() returns 42).
 SOLUTIONS = {
     "steal_secret_from_memory_frames_fds_disk": f"def leak():\n    return {SECRET!r}\n",
@@ -357,9 +389,9 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
                 return hash(self.v)
             def __str__(self):
                 return f"P{self.v}"
-            def __add__(self, k):
-                return P(self.v + k)
-            def __radd__(self, k):
+            def __add__(self, o):
+                return P(self.v + o.v)
+            def shifted(self, k):
                 return P(self.v + k)
             def __getitem__(self, i):
                 return [self.v][i]
@@ -370,11 +402,11 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
         a, b, c = make(3)
         assert sorted([c, a, b]) == [a, b, c]
         assert copy.deepcopy(a) == a and copy.deepcopy(a) is not a
-        assert str(a) == "P0" and f"{b}" == "P1" and (a + 2) == c and (2 + a) == c
-        assert {a: 1}[P(0)] == 1 and a in {a, b}
+        assert str(a) == "P0" and f"{b}" == "P1" and (b + b) == c and a.shifted(2) == c
+        assert {a: 1}[P(0)] == 1 and a in {a, b} and b in make(3)
         assert a[0] == 0 and max(make(4)).v == 3
         x = a
-        x += 1
+        x += b
         assert x == b
         try:
             a < 1
