@@ -219,6 +219,30 @@ HOSTILE_ASSERT.update({f"operator_with_an_expected_value_{name}": (OPERATOR_CHEA
     ("ror", "assert 42 | answer() == 42\n"),
 )})
 
+# Round 3 (issue #42): a frame header, then one byte every 0.5 s, on every descriptor (the judge's socket
+# among them), before the names (at load) or inside a call. Each read of the host's judge once waited a
+# whole timeout again, so a run held its worker until a watchdog. Needs a short limit (a timeout).
+DRIP = textwrap.dedent('''
+    import os, struct, time
+    def drip():
+        fds = []
+        for fd in range(3, 64):
+            try:
+                os.write(fd, struct.pack(">I", 1000))
+                fds.append(fd)
+            except OSError:
+                pass
+        while True:
+            time.sleep(0.5)
+            for fd in fds:
+                try:
+                    os.write(fd, b" ")
+                except OSError:
+                    pass
+    ''')
+DRIPS: dict[str, str] = {"drip_a_frame_before_the_names": DRIP + "drip()\n",
+                         "drip_a_frame_inside_a_call": DRIP + "def answer():\n    drip()\n"}
+
 # A right program for each hostile case's tests (default: answer() returns 42).
 SOLUTIONS = {
     "steal_secret_from_memory_frames_fds_disk": f"def leak():\n    return {SECRET!r}\n",
