@@ -219,6 +219,12 @@ HOSTILE_ASSERT.update({f"operator_with_an_expected_value_{name}": (OPERATOR_CHEA
     ("ror", "assert 42 | answer() == 42\n"),
 )})
 
+# Round 3 (issue #42): a value at the codec's depth limit, handed back by the tests, once made the run
+# unverifiable (left out of the aggregates) instead of the wrong program's error.
+HOSTILE_ASSERT["unverifiable_by_nesting_at_the_depth_limit"] = (
+    "def answer():\n    x = 0\n    for _ in range(100):\n        x = [x]\n    return x\ndef same(x):\n    return 0\n",
+    "assert same(answer()) == 42\n")
+
 # Round 3 (issue #42): a frame header, then one byte every 0.5 s, on every descriptor (the judge's socket
 # among them), before the names (at load) or inside a call. Each read of the host's judge once waited a
 # whole timeout again, so a run held its worker until a watchdog. Needs a short limit (a timeout).
@@ -259,6 +265,7 @@ SOLUTIONS = {
     "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return 1\n",
     "io_steal_expected_output": f"print({SECRET!r})\n",
     "io_forge_frames": f"print({SECRET!r})\n",
+    "unverifiable_by_nesting_at_the_depth_limit": "def answer():\n    return 1\ndef same(x):\n    return 42\n",
 }
 DEFAULT_SOLUTION = "def answer():\n    return 42\n"
 # The buggy program of each case's task: one wrong line of its solution.
@@ -276,6 +283,7 @@ BUGGY = {
     "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return x - 1\n",
     "io_steal_expected_output": "print('')\n",
     "io_forge_frames": "print('')\n",
+    "unverifiable_by_nesting_at_the_depth_limit": "def answer():\n    return 1\ndef same(x):\n    return 41\n",
 }
 DEFAULT_BUGGY = "def answer():\n    return 41\n"
 
