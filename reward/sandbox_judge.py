@@ -209,7 +209,7 @@ for _name, _op in (("len", "len"), ("bool", "bool"), ("str", "str"), ("repr", "r
 for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift", "rshift", "and", "or", "xor",
             "divmod", "pow"):
     setattr(Handle, f"__{_op}__", _arithmetic(_op))
-    if _op != "divmod":
+    if _op not in ("divmod", "pow"):  # `h **= g` is `h = h ** g`, as for any type without `__ipow__`
         setattr(Handle, f"__i{_op}__", _arithmetic("i" + _op))
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Handle, f"__{_op}__", _compare(_op))

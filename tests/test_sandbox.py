@@ -202,6 +202,8 @@ def test_no_operator_hands_the_program_a_value_of_the_tests(fleet):
         m = n
         assert refused(lambda: exec("m += 1", {"m": m}))
         assert n + n == Num(4) and n ** n == Num(4)
+        m **= n
+        assert m == Num(4)
         assert round(Num(2.567), 2) == 2.57 and f"{Num(2.5):.2f}" == "2.50"
         b = Bag(1, 2)
         assert 2 in b and 3 not in b and n not in Bag()
