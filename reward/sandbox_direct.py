@@ -10,8 +10,10 @@ process runs, so a handle follows the same rules). No test code is executed:
 the plan is walked node by node, and the only operations it applies to the
 program's answers are `==`, `!=`, `is`, `is not`, `<`, `<=`, `abs(x - literal)`,
 `not` and truth, on plain data (built-in types only, bounded by the codec) or
-on handles (each use a call in the program's process). See docs/sandbox.md,
-"Assert tests judged in the host".
+on handles (each use a call in the program's process, except what `Handle`
+decides itself: `handle - literal` is a TypeError, the literal never reaches
+the program). Every read of the socket ends at the run's deadline. See
+docs/sandbox.md, "Plain assert tests are judged by the host".
 """
 
 from __future__ import annotations
