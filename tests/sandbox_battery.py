@@ -225,6 +225,13 @@ HOSTILE_ASSERT["unverifiable_by_nesting_at_the_depth_limit"] = (
     "def answer():\n    x = 0\n    for _ in range(100):\n        x = [x]\n    return x\ndef same(x):\n    return 0\n",
     "assert same(answer()) == 42\n")
 
+# Round 3 (issue #42): 16 MiB of `[],` on every descriptor, the frame that cost its reader 433 MiB before
+# its JSON was counted (tests/test_sandbox_codec.py measures the memory; here, the verdict).
+HOSTILE_ASSERT["a_frame_of_empty_lists_on_the_judge_socket"] = (
+    "import os, struct\nbody = b'[' + b'[],' * ((16 << 20) // 3 - 2) + b'[]]'\nfor fd in range(3, 64):\n"
+    "    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n    except OSError:\n        pass\n"
+    "def answer():\n    return 0\n", "assert answer() == 42\n")
+
 # Round 3 (issue #42): a frame header, then one byte every 0.5 s, on every descriptor (the judge's socket
 # among them), before the names (at load) or inside a call. Each read of the host's judge once waited a
 # whole timeout again, so a run held its worker until a watchdog. Needs a short limit (a timeout).
