@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from reward.cgroups import RunCgroup
 from reward.sandbox_codec import (MAX_DEPTH, MAX_ITEMS, MAX_JSON_CONTAINERS, MAX_JSON_VALUES, CodecError,
-                                  _ENCODER, decode, encode, from_wire, json_size, loads, to_wire)
+                                  _ENCODER, _token_counts_outside_strings, decode, encode, from_wire, json_size,
+                                  loads, to_wire)
 
 
 @pytest.mark.parametrize("value", [None, True, 0, -5, 10 ** 40, -(3 ** 5000), 2 ** 63, 1.5, -0.0, float("inf"), 2 - 3j, "", "ünï\u2028",
@@ -113,6 +114,9 @@ def test_the_pre_scan_keeps_every_value_the_codec_takes(value):
     values, containers = json_size(text.encode())
     real_values, real_containers = _json_counts(json.loads(text))
     assert values >= real_values and containers >= real_containers
+    outside_containers, values_after_first = _token_counts_outside_strings(text.encode())
+    assert outside_containers == real_containers  # strings do not count, however they are escaped
+    assert real_values <= 1 + values_after_first <= real_values + real_containers  # one more per empty one
     before = from_wire(json.loads(text)["result"])  # the codec as it was: decode, then the budget
     assert _ENCODER.encode(to_wire(from_wire(loads(text.encode())["result"]))) == _ENCODER.encode(to_wire(before))
 
@@ -136,13 +140,16 @@ def test_a_message_at_the_value_budget_still_decodes():
 
 
 # Frames read by `recv_frame` in a fresh interpreter, which prints its peak memory added (MiB) and CPU
-# seconds. "issue": 16 MiB of `[],` (issue #42: 433 MiB and 2.1 s before the pre-scan); "strings": the
-# costliest frame under the count, 3.3 million two-letter strings, which the budget admits.
+# seconds. "issue": 16 MiB of `[],` (issue #42: 433 MiB and 2.1 s before the pre-scan); "commas in strings":
+# 4 million strings holding a comma, over the quick count, refused by the count outside strings; "strings":
+# the costliest frame under the count, 3.3 million two-letter strings, which the budget admits.
 _READ_FRAME = """
 import resource, socket, struct, sys, threading, time
 from reward.sandbox_codec import CodecError, MAX_BYTES, recv_frame
 if sys.argv[1] == "issue":
     body = b"[" + b"[]," * ((MAX_BYTES - 4) // 3) + b"[]]"
+elif sys.argv[1] == "commas in strings":
+    body = b"[" + b'",",' * ((MAX_BYTES - 4) // 4 - 1) + b'","]'
 else:
     body = b"[" + b'"ab",' * ((MAX_BYTES - 4) // 5 - 1) + b'"ab"]'
 a, b = socket.socketpair()
@@ -165,9 +172,10 @@ def _read_frame(kind: str) -> tuple[int, float]:
     return int(added_mib), float(cpu_s)
 
 
-def test_a_hostile_frame_is_refused_before_it_is_decoded():
-    """The reader's peak grows by the frame's bytes (read, then joined), not by what they would decode into."""
-    added_mib, _ = _read_frame("issue")
+@pytest.mark.parametrize("kind", ["issue", "commas in strings"])
+def test_a_hostile_frame_is_refused_before_it_is_decoded(kind):
+    """The reader's peak grows by the frame's bytes (read, joined, copied), not by what they would decode into."""
+    added_mib, _ = _read_frame(kind)
     assert added_mib < 64
 
 
