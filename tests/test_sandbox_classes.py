@@ -83,7 +83,8 @@ _DEPTH_TESTS = "d = nest(NEST)\nassert depth(d) == NEST\n"
 
 
 def _depth_task(task_id: str, nest: int) -> Task:
-    solution = _NEST + "def depth(x):\n    n = 0\n    while type(x) is list:\n        x, n = x[0], n + 1\n    return n\n"
+    solution = _NEST + "def depth(x):\n    n = 0\n    while type(x) is list:\n" \
+                       "        x, n = x[0], n + 1\n    return n\n"
     buggy = solution.replace("n = 0\n    while", "n = 1\n    while")
     return Task(task_id, task_id, "Fix the bug.", buggy, solution,
                 AssertTests(_DEPTH_TESTS.replace("NEST", str(nest))), timeout_s=30.0)

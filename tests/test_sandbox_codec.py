@@ -122,7 +122,7 @@ def test_the_pre_scan_keeps_every_value_the_codec_takes(value):
 
 
 def test_the_pre_scan_counts_brackets_in_strings_only_when_it_must():
-    """An 8 MiB string of brackets, commas and escaped quotes is one value: over the quick count, kept by the exact one."""
+    """An 8 MiB string of brackets, commas and escaped quotes is one value: over the first count, kept by the second."""
     value = ['[,{:\\"' * (1 << 20)]
     text = encode(value)
     assert json_size(text.encode()) == (4, 2)
