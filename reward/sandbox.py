@@ -17,10 +17,12 @@ root, a dedicated unprivileged uid each):
   (`reward/sandbox_codec.py`) over a socket between the two sandboxes.
 
 `io` runs are scripts whose stdout lands in a memfd that this process compares
-as a bounded stream. This process never blocks on a socket a program holds: it
-waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more than plain data (`AssertTests.mode ==
-"inprocess"`) run program and tests in one process, as before this design: that
-verdict can be forged, and `data build` keeps such tasks out of training sets.
+as a bounded stream. This process never waits on a socket a program holds past
+the run's deadline: it reads without blocking (`reward/sandbox_streams.py`), or,
+judging plain asserts itself, with every read bounded by the deadline. Tasks
+whose tests need more than plain data (`AssertTests.mode == "inprocess"`) run
+program and tests in one process, as before this design: that verdict can be
+forged, and `data build` keeps such tasks out of training sets.
 
 Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
 the same servers without namespaces and warns loudly: use it only on programs

@@ -10,8 +10,10 @@ process runs, so a handle follows the same rules). No test code is executed:
 the plan is walked node by node, and the only operations it applies to the
 program's answers are `==`, `!=`, `is`, `is not`, `<`, `<=`, `abs(x - literal)`,
 `not` and truth, on plain data (built-in types only, bounded by the codec) or
-on handles (each use a call in the program's process). See docs/sandbox.md,
-"Assert tests judged in the host".
+on handles (each use a call in the program's process, except what `Handle`
+decides itself: `handle - literal` is a TypeError, the literal never reaches
+the program). Every read of the socket ends at the run's deadline. See
+docs/sandbox.md, "Plain assert tests are judged by the host".
 """
 
 from __future__ import annotations
@@ -240,17 +242,13 @@ class _Late(Exception):
 
 
 class _TimedChannel(Channel):
-    """The judge's channel with the run's deadline on every request."""
-
-    def __init__(self, sock: Any, deadline: float):
-        super().__init__(sock)
-        self.deadline = deadline
+    """The judge's channel, whose requests (the send and every read of the reply) end at the run's deadline."""
 
     def request(self, msg: dict) -> dict:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise _Late()
-        self.sock.settimeout(left)
+        self.sock.settimeout(left)  # the send's bound; the reply's reads are bounded by the deadline itself
         return super().request(msg)
 
 
@@ -263,8 +261,7 @@ def judge(sock: Any, plan: Plan, deadline: float) -> tuple[str, str, bool]:
     outcome, detail, line = "error", "", 0
     try:
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            hello = recv_frame(sock)
+            hello = recv_frame(sock, deadline)
         except EOFError:
             raise channel.fail(ProxyError("the program's process ended before its names were read")) from None
         except (OSError, CodecError) as e:

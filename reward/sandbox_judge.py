@@ -18,9 +18,13 @@ type and message). A broken rule (a malformed or oversized reply, the program
 gone) raises `ProxyError`, which is not an `Exception`, so no test's `except`
 clause mistakes it for an expected error, and the channel remembers it: the run
 is then `error` even if a bare `except:` swallowed it. A value of the tests'
-own that cannot cross (a callback) makes the run `unverifiable`. The outcome
-(pass, fail, error, unverifiable) goes straight to the host; the program never
-learns it.
+own that is not plain data (a callback) makes the run `unverifiable`: no
+program could make it cross. A plain value over the codec's limits is the
+program's `error`: the tests' own values fit (their reference passes), so one
+that does not was made large by the program. No value of the tests enters the
+program's process except as an argument of a call the tests make: an operator
+between a handle and plain data is refused here (`Handle`). The outcome (pass,
+fail, error, unverifiable) goes straight to the host; the program never learns it.
 """
 
 import builtins
@@ -29,9 +33,11 @@ import os
 import resource
 import socket
 import sys
+import time
 import traceback
 
 DETAIL = 4000
+JUDGE_MARGIN_S = 2.0  # past the run's limit: the host's kill at the limit comes first, this is a backstop
 
 
 class ProxyError(BaseException):
@@ -42,15 +48,22 @@ class Unverifiable(ProxyError):
     """The tests need something the proxy cannot carry (a value of the tests' own that is not plain data)."""
 
 
+class _Foreign(CodecError):
+    """A value of the tests' own that is not plain data (a callback): no program could receive it."""
+
+
 class Channel:
     """The judge's end of the socket to the program's run process.
 
     It remembers the first `ProxyError` of the run, so a test that swallows it
     (a bare `except:`) still ends the run as `error` (or `unverifiable`).
+    `deadline` (time.monotonic) bounds every read of a reply, however the
+    program drips its bytes.
     """
 
-    def __init__(self, sock):
+    def __init__(self, sock, deadline=None):
         self.sock = sock
+        self.deadline = deadline
         self.calls = 0
         self.failure = None
         self.handles = {}
@@ -63,7 +76,7 @@ class Channel:
     def request(self, msg):
         try:
             send_frame(self.sock, msg)
-            return recv_frame(self.sock)
+            return recv_frame(self.sock, self.deadline)
         except EOFError:
             raise self.fail(ProxyError("the program's process ended during a call")) from None
         except (OSError, CodecError) as e:
@@ -80,10 +93,14 @@ class Channel:
         """Run operation `op` (see `OPS` of the run process) on plain data and handles in the program."""
         self.calls += 1
         kwargs = kwargs or {}
+        budget = _Budget()  # one per message, as the program's side spends it
         try:
-            wire_args, wire_kwargs = to_wire(list(args), handle=_handle_wire), to_wire(dict(kwargs), handle=_handle_wire)
-        except (CodecError, RecursionError) as e:
+            wire_args = to_wire(list(args), budget=budget, handle=_handle_wire)
+            wire_kwargs = to_wire(dict(kwargs), budget=budget, handle=_handle_wire)
+        except _Foreign as e:
             raise self.fail(Unverifiable(f"the tests pass the program a value that cannot cross ({op}): {e}")) from None
+        except (CodecError, RecursionError) as e:
+            raise self.fail(ProxyError(f"a value the tests pass the program ({op}) is over the limits: {e}")) from None
         reply = self.request({"op": "call", "fn": op, "args": wire_args, "kwargs": wire_kwargs})
         kind = reply.get("op")
         if kind == "ok":
@@ -108,7 +125,7 @@ class Channel:
 def _handle_wire(value):
     if type(value) is Handle:
         return ["handle", value._Handle__number]
-    raise CodecError(f"a value of type {type(value).__name__} is not plain data")
+    raise _Foreign(f"a value of type {type(value).__name__} is not plain data")
 
 
 class Handle:
@@ -118,6 +135,10 @@ class Handle:
     a handle is never equal to plain data and never ordered against it, so an
     object never sees an expected value it is compared with; between two
     handles the program's own comparison decides, and it must return a bool.
+    Binary operators (`-`, `+`, `divmod`, `pow`, in-place forms, ...) are
+    forwarded only between handles: with plain data they are Python's
+    `TypeError`, so `abs(result - 1.0)` never hands `1.0` to the program. `x in
+    handle` iterates the handle here and compares each item here.
     """
 
     __slots__ = ("__number", "__channel")
@@ -151,11 +172,19 @@ class Handle:
         return self.__channel.call("issubclass", (value, self))
 
 
-def _forward(op, reflected=False):
+def _forward(op):
     def method(self, *args):
         if op == "deepcopy":
             args = ()  # the memo is the tests' own; the program copies with a memo of its own
-        return self._Handle__channel.call(op, (*args, self) if reflected else (self, *args))
+        return self._Handle__channel.call(op, (self, *args))
+    return method
+
+
+def _arithmetic(op):
+    def method(self, *others):
+        if any(type(other) is not Handle for other in others):
+            return NotImplemented  # Python then raises its TypeError for unsupported operands
+        return self._Handle__channel.call(op, (self, *others))
     return method
 
 
@@ -173,15 +202,15 @@ def _compare(op):
 for _name, _op in (("len", "len"), ("bool", "bool"), ("str", "str"), ("repr", "repr"), ("hash", "hash"),
                    ("format", "format"), ("int", "int"), ("float", "float"), ("complex", "complex"),
                    ("index", "index"), ("abs", "abs"), ("neg", "neg"), ("pos", "pos"), ("invert", "invert"),
-                   ("round", "round"), ("reversed", "reversed"), ("contains", "contains"), ("getitem", "getitem"),
+                   ("round", "round"), ("reversed", "reversed"), ("getitem", "getitem"),
                    ("setitem", "setitem"), ("delitem", "delitem"), ("copy", "copy"), ("deepcopy", "deepcopy")):
     setattr(Handle, f"__{_name}__", _forward(_op))
+# No reflected forms: between two handles the left one's method runs, and plain data on the left is refused.
 for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift", "rshift", "and", "or", "xor",
             "divmod", "pow"):
-    setattr(Handle, f"__{_op}__", _forward(_op))
-    setattr(Handle, f"__r{_op}__", _forward(_op, reflected=True))
-    if _op != "divmod":
-        setattr(Handle, f"__i{_op}__", _forward("i" + _op))
+    setattr(Handle, f"__{_op}__", _arithmetic(_op))
+    if _op not in ("divmod", "pow"):  # `h **= g` is `h = h ** g`, as for any type without `__ipow__`
+        setattr(Handle, f"__i{_op}__", _arithmetic("i" + _op))
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Handle, f"__{_op}__", _compare(_op))
 
@@ -265,13 +294,16 @@ def bind_names(names, channel):
     return namespace
 
 
-def test_main(sock, tests_source):
-    """Run the tests against the program; returns (outcome, detail, number of calls)."""
-    channel = Channel(sock)
+def test_main(sock, tests_source, deadline=None):
+    """Run the tests against the program; returns (outcome, detail, number of calls).
+
+    `deadline` bounds every read from the program (the host kills the test process at its own deadline first).
+    """
+    channel = Channel(sock, deadline)
     outcome, detail = "error", ""
     try:
         try:
-            hello = recv_frame(sock)
+            hello = recv_frame(sock, deadline)
         except EOFError:
             raise ProxyError("the program's process ended before its names were read") from None
         except (OSError, CodecError) as e:
@@ -312,6 +344,7 @@ def test_process(host):
     host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)  # else credentials crowd out the descriptors
     _, fds, _, _ = socket.recv_fds(host, 1, 4)
     msg = recv_frame(host)
+    deadline = time.monotonic() + float(msg["limits"]["timeout_s"]) + JUDGE_MARGIN_S
     os.setsid()
     program = socket.socket(fileno=fds[0])
     with os.fdopen(fds[1], "rb") as f:
@@ -320,7 +353,7 @@ def test_process(host):
     for target in (0, 1, 2):
         os.dup2(null, target)
     set_limits(msg["limits"])
-    outcome, detail, calls = test_main(program, tests_source)
+    outcome, detail, calls = test_main(program, tests_source, deadline)
     send_frame(host, {"op": "result", "outcome": outcome, "detail": detail, "calls": calls})
     os._exit(0)
 

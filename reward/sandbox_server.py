@@ -364,18 +364,27 @@ for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift
 
 
 def describe_names(namespace, handles):
-    """What the judge may bind: plain data by value, stdlib modules by name, everything else as a handle."""
-    names = {}
+    """What the judge may bind: plain data by value, stdlib modules by name, everything else as a handle.
+
+    The message's value budget is shared by all names (each name spends one): a
+    constant that does not fit what is left crosses as a handle.
+    """
+    names, budget = {}, _Budget()
     for name, value in list(namespace.items()):
         if name.startswith("__") and name.endswith("__"):
             continue
+        budget.spend()
         if isinstance(value, types.ModuleType):
             names[name] = ["module", getattr(value, "__name__", "")]
             continue
+        trial = _Budget()
+        trial.items = budget.items
         try:
-            wire = to_wire(value, handle=handles.ref)
+            wire = to_wire(value, budget=trial, handle=handles.ref)
             if len(json.dumps(wire)) > MAX_CONSTANT_BYTES:
                 wire = handles.ref(value)
+            else:
+                budget.items = trial.items
         except (CodecError, RecursionError, TypeError, ValueError):
             wire = handles.ref(value)
         names[name] = ["value", wire]
@@ -417,12 +426,24 @@ def answer_call(msg, handles):
         return {"op": "raise", "type": builtin_exception(e), "message": _safe_str(e)}
     except BaseException as e:
         return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
+    budget = _Budget()  # one per message: the result and the copied-back arguments
     try:
-        mutated = [[i, to_wire(a, handle=handles.ref)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
-        mutated_kw = [[k, to_wire(v, handle=handles.ref)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
-        return {"op": "ok", "result": to_wire(result, handle=handles.ref), "args": mutated, "kwargs": mutated_kw}
+        wire = to_wire(result, budget=budget, handle=handles.ref)
+        mutated = copied_back(enumerate(args), budget, handles)
+        mutated_kw = copied_back(kwargs.items(), budget, handles)
+        return {"op": "ok", "result": wire, "args": mutated, "kwargs": mutated_kw}
     except (CodecError, RecursionError, TypeError, ValueError) as e:
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
+
+
+def copied_back(items, budget, handles):
+    """[key, wire] of each mutable argument, for the judge to copy back; each entry spends one value more."""
+    out = []
+    for key, value in items:
+        if isinstance(value, MUTABLE):
+            budget.spend()
+            out.append([key, to_wire(value, budget=budget, handle=handles.ref)])
+    return out
 
 
 def run_job(job, host, judge):

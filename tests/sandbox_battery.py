@@ -187,6 +187,75 @@ HOSTILE_ASSERT: dict[str, tuple[str, str]] = {
         "        pass\ndef answer():\n    return 0\n", "assert answer() == 42\n"),
 }
 
+# Round 3 (issue #42): an operator between the program's object and an expected value would hand the
+# value to the program, whose method answers what makes the comparison hold (HumanEval/4's check is
+# `abs(candidate(...) - 1.0) < 1e-6`). The judge refuses operators with plain data (a TypeError).
+OPERATOR_CHEAT = textwrap.dedent('''
+    class Cheat:
+        def __sub__(self, other):
+            return 0.0
+        __rsub__ = __isub__ = __mod__ = __sub__
+        def __truediv__(self, other):
+            return 1
+        __floordiv__ = __truediv__
+        def __divmod__(self, other):
+            return (1, 0)
+        def __and__(self, other):
+            return other
+        __or__ = __ror__ = __and__
+    def answer():
+        return Cheat()
+    ''')
+HOSTILE_ASSERT.update({f"operator_with_an_expected_value_{name}": (OPERATOR_CHEAT, tests) for name, tests in (
+    ("sub", "assert abs(answer() - 42.0) < 1e-6\n"),
+    ("sub_in_a_check", "def check(candidate):\n    assert abs(candidate() - 42.0) < 1e-6\ncheck(answer)\n"),
+    ("rsub", "assert abs(42.0 - answer()) < 1e-6\n"),
+    ("isub", "r = answer()\nr -= 42\nassert r == 0\n"),
+    ("truediv", "assert answer() / 42 == 1\n"),
+    ("floordiv", "assert answer() // 42 == 1\n"),
+    ("mod", "assert answer() % 42 == 0\n"),
+    ("divmod", "assert divmod(answer(), 42) == (1, 0)\n"),
+    ("and", "assert answer() & 42 == 42\n"),
+    ("ror", "assert 42 | answer() == 42\n"),
+)})
+
+# Round 3 (issue #42): a value at the codec's depth limit, handed back by the tests, once made the run
+# unverifiable (left out of the aggregates) instead of the wrong program's error.
+HOSTILE_ASSERT["unverifiable_by_nesting_at_the_depth_limit"] = (
+    "def answer():\n    x = 0\n    for _ in range(100):\n        x = [x]\n    return x\ndef same(x):\n    return 0\n",
+    "assert same(answer()) == 42\n")
+
+# Round 3 (issue #42): 16 MiB of `[],` on every descriptor, the frame that cost its reader 433 MiB before
+# its JSON was counted (tests/test_sandbox_codec.py measures the memory; here, the verdict).
+HOSTILE_ASSERT["a_frame_of_empty_lists_on_the_judge_socket"] = (
+    "import os, struct\nbody = b'[' + b'[],' * ((16 << 20) // 3 - 2) + b'[]]'\nfor fd in range(3, 64):\n"
+    "    try:\n        os.write(fd, struct.pack('>I', len(body)) + body)\n    except OSError:\n        pass\n"
+    "def answer():\n    return 0\n", "assert answer() == 42\n")
+
+# Round 3 (issue #42): a frame header, then one byte every 0.5 s, on every descriptor (the judge's socket
+# among them), before the names (at load) or inside a call. Each read of the host's judge once waited a
+# whole timeout again, so a run held its worker until a watchdog. Needs a short limit (a timeout).
+DRIP = textwrap.dedent('''
+    import os, struct, time
+    def drip():
+        fds = []
+        for fd in range(3, 64):
+            try:
+                os.write(fd, struct.pack(">I", 1000))
+                fds.append(fd)
+            except OSError:
+                pass
+        while True:
+            time.sleep(0.5)
+            for fd in fds:
+                try:
+                    os.write(fd, b" ")
+                except OSError:
+                    pass
+    ''')
+DRIPS: dict[str, str] = {"drip_a_frame_before_the_names": DRIP + "drip()\n",
+                         "drip_a_frame_inside_a_call": DRIP + "def answer():\n    drip()\n"}
+
 # A right program for each hostile case's tests (default: answer() returns 42).
 SOLUTIONS = {
     "steal_secret_from_memory_frames_fds_disk": f"def leak():\n    return {SECRET!r}\n",
@@ -203,6 +272,7 @@ SOLUTIONS = {
     "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return 1\n",
     "io_steal_expected_output": f"print({SECRET!r})\n",
     "io_forge_frames": f"print({SECRET!r})\n",
+    "unverifiable_by_nesting_at_the_depth_limit": "def answer():\n    return 1\ndef same(x):\n    return 42\n",
 }
 DEFAULT_SOLUTION = "def answer():\n    return 42\n"
 # The buggy program of each case's task: one wrong line of its solution.
@@ -220,6 +290,7 @@ BUGGY = {
     "server_patched_to_reply_stop_to_everything": "def answer(x):\n    return x - 1\n",
     "io_steal_expected_output": "print('')\n",
     "io_forge_frames": "print('')\n",
+    "unverifiable_by_nesting_at_the_depth_limit": "def answer():\n    return 1\ndef same(x):\n    return 41\n",
 }
 DEFAULT_BUGGY = "def answer():\n    return 41\n"
 
@@ -357,9 +428,9 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
                 return hash(self.v)
             def __str__(self):
                 return f"P{self.v}"
-            def __add__(self, k):
-                return P(self.v + k)
-            def __radd__(self, k):
+            def __add__(self, o):
+                return P(self.v + o.v)
+            def shifted(self, k):
                 return P(self.v + k)
             def __getitem__(self, i):
                 return [self.v][i]
@@ -370,11 +441,11 @@ RIGHT_ASSERT: dict[str, tuple[str, str]] = {
         a, b, c = make(3)
         assert sorted([c, a, b]) == [a, b, c]
         assert copy.deepcopy(a) == a and copy.deepcopy(a) is not a
-        assert str(a) == "P0" and f"{b}" == "P1" and (a + 2) == c and (2 + a) == c
-        assert {a: 1}[P(0)] == 1 and a in {a, b}
+        assert str(a) == "P0" and f"{b}" == "P1" and (b + b) == c and a.shifted(2) == c
+        assert {a: 1}[P(0)] == 1 and a in {a, b} and b in make(3)
         assert a[0] == 0 and max(make(4)).v == 3
         x = a
-        x += 1
+        x += b
         assert x == b
         try:
             a < 1

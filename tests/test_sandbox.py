@@ -19,7 +19,7 @@ import pytest
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits, package_dirs
 from reward.schema import AssertTests, IOCase, IOTests
-from sandbox_battery import HOSTILE_ASSERT, HOSTILE_IO, RIGHT_ASSERT, RIGHT_IO
+from sandbox_battery import DRIPS, HOSTILE_ASSERT, HOSTILE_IO, RIGHT_ASSERT, RIGHT_IO
 
 SHORT = Limits(timeout_s=1.0, memory_mb=256)  # for programs that never end: the verdict is timeout at any load
 FAST = Limits(timeout_s=30.0, memory_mb=256)  # for everything else: far above what the run needs
@@ -160,6 +160,88 @@ def test_tests_that_pass_their_own_functions_need_inprocess(fleet):
     assert proxy.status == "unverifiable" and "not plain data" in proxy.stderr
     inprocess = fleet.run([Job(program, AssertTests(tests, "inprocess"), FAST)])[0]
     assert inprocess.passed, inprocess.stderr
+
+
+def test_no_operator_hands_the_program_a_value_of_the_tests(fleet):
+    """Operators with plain data are TypeErrors; `in` iterates here; calls, indexing, `round` and `format` forward."""
+    program = textwrap.dedent('''
+        class Num:
+            def __init__(self, v):
+                self.v = v
+            def __add__(self, other):
+                return Num(self.v + (other.v if isinstance(other, Num) else other))
+            __radd__ = __mul__ = __pow__ = __add__
+            def __eq__(self, other):
+                return isinstance(other, Num) and self.v == other.v
+            def __round__(self, n=None):
+                return round(self.v, n)
+            def __format__(self, spec):
+                return format(self.v, spec)
+        class Bag:
+            def __init__(self, *items):
+                self.items = list(items)
+            def __iter__(self):
+                return iter(self.items)
+            def __contains__(self, x):
+                return True
+            def __getitem__(self, i):
+                return self.items[i]
+            def add(self, x):
+                self.items.append(x)
+        ''')
+    tests = textwrap.dedent('''
+        def refused(fn):
+            try:
+                fn()
+            except TypeError:
+                return True
+            return False
+        n = Num(2)
+        assert refused(lambda: n + 1) and refused(lambda: 1 + n) and refused(lambda: n * 3)
+        assert refused(lambda: pow(n, 2, 5)) and refused(lambda: divmod(n, 2)) and refused(lambda: n + [n])
+        m = n
+        assert refused(lambda: exec("m += 1", {"m": m}))
+        assert n + n == Num(4) and n ** n == Num(4)
+        m **= n
+        assert m == Num(4)
+        assert round(Num(2.567), 2) == 2.57 and f"{Num(2.5):.2f}" == "2.50"
+        b = Bag(1, 2)
+        assert 2 in b and 3 not in b and n not in Bag()
+        b.add(3)
+        assert 3 in b and b[0] == 1
+        ''')
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-1500:]
+
+
+@pytest.mark.parametrize("judged_by", ["host", "test process"])
+def test_a_dripping_frame_cannot_hold_a_run_past_its_deadline(judged_by):
+    """`SandboxWorker.run` (no watchdog, as the Grain workers call it) ends a dripping run at its deadline.
+
+    Each read of a reply is bounded by the run's absolute deadline, not a timeout per `recv`: a 1 s run
+    ends as a timeout in about 1 s (bound 15 s, far from the 81 s a watchdog would take, or forever).
+    """
+    import threading
+
+    from reward.sandbox import SandboxWorker
+
+    tests = "assert answer() == 42\n" if judged_by == "host" else "x = answer()\nassert x == 42\n"
+    worker = SandboxWorker("bwrap")
+    try:
+        worker.direct = judged_by == "host"
+        for name, program in DRIPS.items():
+            out: list = []
+            thread = threading.Thread(target=lambda: out.append(worker.run(Job(program, AssertTests(tests), SHORT))))
+            start = time.monotonic()
+            thread.start()
+            thread.join(15)
+            if thread.is_alive():
+                worker.kill()  # ends the run (WorkerDied) so the test does not hang
+                thread.join(30)
+            assert out and time.monotonic() - start < 15, f"{name}: the run outlived its deadline"
+            assert out[0].status == "timeout", (name, out[0])
+    finally:
+        worker.close()
 
 
 def test_ipc_and_keyrings_do_not_outlive_a_run(fleet):

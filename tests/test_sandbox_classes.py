@@ -21,7 +21,7 @@ from jaxrl.eval.evaluate import summarize
 from jaxrl.eval.report import report_markdown
 from reward.fleet import Fleet
 from reward.sandbox import Job, Limits
-from reward.schema import AssertTests, Prediction, load_tasks, write_predictions
+from reward.schema import AssertTests, Prediction, Task, load_tasks, write_predictions
 from reward.score import aggregate, analyze, score_of, score_predictions, unverifiable_score
 from sandbox_battery import CLASS_HACKS
 
@@ -74,6 +74,34 @@ def test_objects_keep_their_identity_and_state_across_calls(fleet):
             "assert b != Box() and b == b and [b] == [b]\n"
     result = fleet.run([Job(program, AssertTests(tests), FAST)])[0]
     assert result.passed, result.stderr[-800:]
+
+
+# A value nested exactly at the codec's depth limit (100) crosses; the tests handing it back wrap it once
+# more. The program made it so: the run is its error, never unverifiable (issue #42, item 6).
+_NEST = "def nest(n):\n    x = 0\n    for _ in range(n):\n        x = [x]\n    return x\n"
+_DEPTH_TESTS = "d = nest(NEST)\nassert depth(d) == NEST\n"
+
+
+def _depth_task(task_id: str, nest: int) -> Task:
+    solution = _NEST + "def depth(x):\n    n = 0\n    while type(x) is list:\n" \
+                       "        x, n = x[0], n + 1\n    return n\n"
+    buggy = solution.replace("n = 0\n    while", "n = 1\n    while")
+    return Task(task_id, task_id, "Fix the bug.", buggy, solution,
+                AssertTests(_DEPTH_TESTS.replace("NEST", str(nest))), timeout_s=30.0)
+
+
+def test_a_program_cannot_make_its_own_run_unverifiable(fleet):
+    """A wrong program answering at the depth limit is `error`; a half-wrong set's pass is 0.5, not 1.0."""
+    right, wrong = _depth_task("depth/right", 5), _depth_task("depth/wrong", 5)
+    at_limit = _NEST.replace("def nest(n):", "def nest(n):\n    n = 100")
+    items = [(right, Prediction(right.task_id, code=right.solution)),
+             (wrong, Prediction(wrong.task_id, code=wrong.buggy_code.replace(_NEST, at_limit)))]
+    scores = score_predictions(items, fleet.run, limits=FAST, window_batch=4)
+    assert [s.status for s in scores] == ["scored", "scored"], [(s.status, s.reason) for s in scores]
+    assert [s.unit for s in scores] == [1, 0]
+    assert aggregate([right, wrong], scores)["buggy"]["pass"] == 0.5
+    result = fleet.run([Job(wrong.buggy_code.replace(_NEST, at_limit), wrong.tests, FAST)])[0]
+    assert result.status == "error" and "over the limits" in result.stderr, result
 
 
 def _score_cli(tmp_path, preds: list[Prediction]) -> tuple[int, list[dict], dict]:

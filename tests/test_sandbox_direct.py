@@ -65,7 +65,9 @@ CASES = [  # (program, tests, the status both judges give)
     ("import os\ndef f(x):\n    return os\n", TESTS, "fail"),
     ("class N:\n    def __sub__(self, o):\n        return 0.0\ndef f(x):\n    return N()\n", CHECK, "fail"),
     ("class N:\n    def __sub__(self, o):\n        return self\ndef f(x):\n    return N()\n",
-     "assert abs(f(1) - 2) < 1\n", "error"),  # abs of a handle is a handle: never ordered against a number
+     "assert abs(f(1) - 2) < 1\n", "error"),  # an operator between a handle and a number is a TypeError
+    ("class N:\n    def __sub__(self, o):\n        return 0.0\ndef f(x):\n    return N()\n",
+     "assert abs(f(0.5) - 1.5) < 1e-9\n", "error"),  # the expected 1.5 never reaches the program
     ("import os\ndef f(x):\n    os._exit(0)\n", TESTS, "error"),
     ("def f(x):\n    raise StopIteration\n", TESTS, "error"),
     ("def f(x):\n    raise AssertionError('from the program')\n", TESTS, "fail"),
