@@ -19,9 +19,12 @@ another run did.
   mincore and cachestat (EPERM), preadv2 and pwritev2 with RWF_NOWAIT
   (EOPNOTSUPP, as for a file that cannot do it), Linux AIO (io_setup, io_submit:
   ENOSYS), whose requests may carry RWF_NOWAIT where a filter cannot read it;
-- socket and network-namespace cookies, numbers from kernel-wide counters:
-  getsockopt(SOL_SOCKET, SO_COOKIE or SO_NETNS_COOKIE) (ENOPROTOOPT, as on an
-  older kernel);
+- numbers from kernel-wide counters: socket and network-namespace cookies
+  (getsockopt SO_COOKIE, SO_NETNS_COOKIE: ENOPROTOOPT, as on an older kernel);
+  inode numbers of memfds (memfd_create, memfd_secret: EPERM) and of pidfds
+  (pidfd_open, clone with CLONE_PIDFD: EPERM; getsockopt SO_PEERPIDFD and
+  setsockopt SO_PASSPIDFD: ENOPROTOOPT). Pipes' and sockets' inode numbers stay
+  readable (fstat): the measured channel that is left;
 - locks on shared files: flock, and fcntl's F_GETLK, F_OFD_GETLK, F_SETLEASE and
   F_GETLEASE (EPERM); F_SETLK and the other setting commands stay, for programs
   (sqlite) that lock their own files in /tmp;
@@ -32,8 +35,8 @@ another run did.
 
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 EPERM, ENOSYS, ENOPROTOOPT, EOPNOTSUPP, EAFNOSUPPORT = 1, 38, 92, 95, 97
-CLONE_NEWUSER_FLAG = 0x10000000
-SOL_SOCKET, SO_COOKIE, SO_NETNS_COOKIE = 1, 57, 71
+CLONE_NEWUSER_FLAG, CLONE_PIDFD_FLAG = 0x10000000, 0x00001000
+SOL_SOCKET, SO_COOKIE, SO_NETNS_COOKIE, SO_PASSPIDFD, SO_PEERPIDFD = 1, 57, 71, 76, 77
 F_GETLK, F_OFD_GETLK, F_SETLEASE, F_GETLEASE = 5, 36, 1024, 1025  # F_GETLK64 is F_GETLK on 64-bit ABIs
 RWF_NOWAIT = 0x8
 X32_SYSCALL_BIT = 0x40000000
@@ -49,7 +52,8 @@ def arg_offset(index):
 
 SURFACE = ("io_uring_setup", "io_uring_enter", "io_uring_register", "perf_event_open", "bpf", "userfaultfd")
 # Syscalls denied outright for what they read (or, for fadvise64, evict) of kernel-wide state.
-STATE = ("fadvise64", "mincore", "cachestat", "flock", "add_key", "request_key", "keyctl", "sysinfo")
+STATE = ("fadvise64", "mincore", "cachestat", "flock", "add_key", "request_key", "keyctl", "sysinfo",
+         "memfd_create", "memfd_secret", "pidfd_open")
 AIO = ("io_setup", "io_submit")
 
 # arch: (AUDIT_ARCH, syscall numbers)
@@ -59,13 +63,15 @@ ARCHES = {
         "bpf": 321, "userfaultfd": 323, "clone3": 435, "unshare": 272, "clone": 56, "socket": 41,
         "socketpair": 53, "getsockopt": 55, "fcntl": 72, "preadv2": 327, "pwritev2": 328, "fadvise64": 221,
         "mincore": 27, "cachestat": 451, "flock": 73, "add_key": 248, "request_key": 249, "keyctl": 250,
-        "sysinfo": 99, "io_setup": 206, "io_submit": 209}),
+        "sysinfo": 99, "io_setup": 206, "io_submit": 209, "setsockopt": 54, "memfd_create": 319,
+        "memfd_secret": 447, "pidfd_open": 434}),
     "aarch64": (0xC00000B7, {
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 241,
         "bpf": 280, "userfaultfd": 282, "clone3": 435, "unshare": 97, "clone": 220, "socket": 198,
         "socketpair": 199, "getsockopt": 209, "fcntl": 25, "preadv2": 286, "pwritev2": 287, "fadvise64": 223,
         "mincore": 232, "cachestat": 451, "flock": 32, "add_key": 217, "request_key": 218, "keyctl": 219,
-        "sysinfo": 179, "io_setup": 0, "io_submit": 2}),
+        "sysinfo": 179, "io_setup": 0, "io_submit": 2, "setsockopt": 208, "memfd_create": 279,
+        "memfd_secret": 447, "pidfd_open": 434}),
 }
 
 
@@ -83,6 +89,13 @@ def deny_if_arg_in(nr, index, values, errno):
     return [(JEQ_K, 0, len(prog), nr)] + prog
 
 
+def deny_socket_options(nr, options):
+    """ENOPROTOOPT for get/setsockopt `nr` at level SOL_SOCKET with one of `options`; allow the rest."""
+    then = deny_if_arg_in(nr, 2, options, ENOPROTOOPT)[1:]  # the option test, once the level is SOL_SOCKET
+    return [(JEQ_K, 0, len(then) + 3, nr), (LD_W_ABS, 0, 0, arg_offset(1)), (JEQ_K, 1, 0, SOL_SOCKET),
+            (RET_K, 0, 0, RET_ALLOW)] + then
+
+
 def seccomp_filter(machine):
     """The filter for `os.uname().machine` as (code, jt, jf, k) instructions, or None for an unknown arch."""
     if machine not in ARCHES:
@@ -97,16 +110,15 @@ def seccomp_filter(machine):
     for name in AIO:
         prog += deny(nr[name], ENOSYS)
     prog += deny(nr["clone3"], ENOSYS)
-    for name in ("unshare", "clone"):
-        prog += [(JEQ_K, 0, 4, nr[name]), (LD_W_ABS, 0, 0, arg_offset(0)), (JSET_K, 0, 1, CLONE_NEWUSER_FLAG),
+    for name, flags in (("unshare", CLONE_NEWUSER_FLAG), ("clone", CLONE_NEWUSER_FLAG | CLONE_PIDFD_FLAG)):
+        prog += [(JEQ_K, 0, 4, nr[name]), (LD_W_ABS, 0, 0, arg_offset(0)), (JSET_K, 0, 1, flags),
                  (RET_K, 0, 0, RET_ERRNO | EPERM), (RET_K, 0, 0, RET_ALLOW)]
     for name in ("socket", "socketpair"):
         prog += [(JEQ_K, 0, 6, nr[name]), (LD_W_ABS, 0, 0, arg_offset(0)), (JEQ_K, 3, 0, AF_UNIX),
                  (JEQ_K, 2, 0, AF_INET), (JEQ_K, 1, 0, AF_INET6), (RET_K, 0, 0, RET_ERRNO | EAFNOSUPPORT),
                  (RET_K, 0, 0, RET_ALLOW)]
-    prog += [(JEQ_K, 0, 7, nr["getsockopt"]), (LD_W_ABS, 0, 0, arg_offset(1)), (JEQ_K, 0, 3, SOL_SOCKET),
-             (LD_W_ABS, 0, 0, arg_offset(2)), (JEQ_K, 2, 0, SO_COOKIE), (JEQ_K, 1, 0, SO_NETNS_COOKIE),
-             (RET_K, 0, 0, RET_ALLOW), (RET_K, 0, 0, RET_ERRNO | ENOPROTOOPT)]
+    prog += deny_socket_options(nr["getsockopt"], (SO_COOKIE, SO_NETNS_COOKIE, SO_PEERPIDFD))
+    prog += deny_socket_options(nr["setsockopt"], (SO_PASSPIDFD,))
     prog += deny_if_arg_in(nr["fcntl"], 1, (F_GETLK, F_OFD_GETLK, F_SETLEASE, F_GETLEASE), EPERM)
     for name in ("preadv2", "pwritev2"):  # flags: args[5]
         prog += [(JEQ_K, 0, 4, nr[name]), (LD_W_ABS, 0, 0, arg_offset(5)), (JSET_K, 0, 1, RWF_NOWAIT),

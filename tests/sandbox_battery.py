@@ -603,6 +603,24 @@ def learned():
         return None
     return info[40]  # struct sysinfo's procs: after uptime, loads[3], 4 memory figures (x86_64, aarch64)
 '''
+_MEMFD_WRITER = "import os\nfor _ in range(1000):\n    os.close(os.memfd_create('x'))\n"
+_MEMFD_READER = '''
+import os
+def learned():
+    try:
+        return os.fstat(os.memfd_create("x")).st_ino  # from the internal tmpfs's kernel-wide counter
+    except OSError:
+        return None
+'''
+_PIDFD_WRITER = "import os\nfor _ in range(200):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+_PIDFD_READER = '''
+import os
+def learned():
+    try:
+        return os.fstat(os.pidfd_open(os.getpid())).st_ino  # pidfs: one kernel-wide counter of processes
+    except OSError:
+        return None
+'''
 CHANNELS: dict[str, tuple[str, str, str, bool]] = {
     "page_cache_set_by_reading_cleared_by_fadvise_read_by_preadv2_nowait": (
         _PAGE_CACHE_WRITER, _PAGE_CACHE_READER, "assert learned() is None, learned()\n", False),
@@ -613,6 +631,8 @@ CHANNELS: dict[str, tuple[str, str, str, bool]] = {
     "socket_cookies_from_a_kernel_wide_counter": (
         _COOKIE_WRITER, _COOKIE_READER, "assert learned() is None, learned()\n", False),
     "key_quota_of_the_uid": (_KEY_QUOTA_WRITER, _KEY_QUOTA_READER, "assert learned() is None, learned()\n", True),
+    "memfd_inode_numbers": (_MEMFD_WRITER, _MEMFD_READER, "assert learned() is None, learned()\n", False),
+    "pidfd_inode_numbers": (_PIDFD_WRITER, _PIDFD_READER, "assert learned() is None, learned()\n", False),
     "sysinfo_procs_counts_every_thread": (
         _SYSINFO_WRITER, _SYSINFO_READER, "assert learned() is None, learned()\n", True),
 }

@@ -87,11 +87,12 @@ def test_a_lock_on_a_shared_device_node_is_not_a_channel(fleet):
 
 
 REFUSED = """
-    import ctypes, errno, mmap, os
+    import ctypes, errno, mmap, os, socket
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     libc.mmap.restype = ctypes.c_void_p
-    NR = {"x86_64": {"cachestat": 451, "io_setup": 206}, "aarch64": {"cachestat": 451, "io_setup": 0}}
+    NR = {"x86_64": {"cachestat": 451, "io_setup": 206, "clone": 56},
+          "aarch64": {"cachestat": 451, "io_setup": 0, "clone": 220}}
     FILE = os.path.join(os.path.dirname(os.__file__), "os.py")
     fd = os.open(FILE, os.O_RDONLY)
     def errno_of(call):
@@ -103,11 +104,18 @@ REFUSED = """
                                ctypes.create_string_buffer(64), 0)
         elif call == "io_setup":
             ret = libc.syscall(NR[os.uname().machine]["io_setup"], 8, ctypes.byref(ctypes.c_ulong(0)))
+        elif call == "clone_pidfd":
+            ret = libc.syscall(NR[os.uname().machine]["clone"], 0x1000 | 17, None, ctypes.byref(ctypes.c_int()),
+                               None, None)  # CLONE_PIDFD | SIGCHLD
+            if ret == 0:
+                os._exit(0)
         elif call == "sysinfo":
             ret = libc.sysinfo(ctypes.create_string_buffer(256))
         else:
             try:
                 {"fadvise": lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED),
+                 "peer_pidfd": lambda: socket.socketpair()[0].getsockopt(socket.SOL_SOCKET, 77, 4),
+                 "pass_pidfd": lambda: socket.socketpair()[0].setsockopt(socket.SOL_SOCKET, 76, 1),
                  "pwritev2_nowait": lambda: os.pwritev(os.open("/tmp/x", os.O_RDWR | os.O_CREAT), [b"x"], 0,
                                                        os.RWF_NOWAIT)}[call]()
                 return 0
@@ -119,17 +127,19 @@ REFUSED = """
 
 @pytest.mark.parametrize("call,expected", [("mincore", "EPERM"), ("cachestat", "EPERM"), ("fadvise", "EPERM"),
                                            ("pwritev2_nowait", "EOPNOTSUPP"), ("io_setup", "ENOSYS"),
-                                           ("sysinfo", "EPERM")])
+                                           ("sysinfo", "EPERM"), ("clone_pidfd", "EPERM"),
+                                           ("peer_pidfd", "ENOPROTOOPT"), ("pass_pidfd", "ENOPROTOOPT")])
 def test_the_filter_refuses_other_readers_of_kernel_wide_state(fleet, call, expected):
     """The page cache's other readers (mincore, cachestat, RWF_NOWAIT writes, Linux AIO's requests that
-    may carry RWF_NOWAIT where no filter reads them), its eviction (fadvise) and sysinfo."""
+    may carry RWF_NOWAIT where no filter reads them), its eviction (fadvise), sysinfo, and the other ways
+    to a pidfd (whose inode number counts the machine's processes)."""
     result = fleet.run([job(REFUSED, f"import errno\nassert errno_of({call!r}) == errno.{expected}, "
                                      f"errno_of({call!r})\n")])[0]
     assert result.passed, result.stderr
 
 
 OWN_FILES_AND_POOLS = """
-    import fcntl, multiprocessing, os, sqlite3, struct, subprocess
+    import ctypes, fcntl, multiprocessing, os, sqlite3, struct, subprocess
     out = {}
     db = sqlite3.connect("/tmp/own.db")
     db.execute("create table t(x)")
@@ -149,6 +159,11 @@ OWN_FILES_AND_POOLS = """
     with multiprocessing.Pool(2) as pool:
         out["pool"] = pool.map(abs, [-1, -2, -3])
     out["sorted"] = sorted(range(5000, 0, -1))[:2]
+    by_value = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))(
+        lambda a, b: a[0] - b[0])  # a callback: libffi's closures
+    values = (ctypes.c_int * 5)(5, 1, 4, 2, 3)
+    ctypes.CDLL(None).qsort(values, 5, ctypes.sizeof(ctypes.c_int), by_value)
+    out["qsort"] = list(values)
     out["cpus"] = os.cpu_count() is not None
     out["child"] = subprocess.run(["sh", "-c", "echo 7"], capture_output=True,
                                   stdin=subprocess.DEVNULL).stdout
@@ -159,9 +174,10 @@ OWN_FILES_AND_POOLS = """
 
 def test_the_filter_keeps_locks_on_own_files_process_pools_and_subprocesses(fleet):
     """sqlite3 in /tmp (its fcntl locks on its own files, a busy second connection), OFD locks, a
-    multiprocessing pool, sorting, a subprocess and preadv2 without RWF_NOWAIT work under the filter."""
+    multiprocessing pool, sorting, a ctypes callback, a subprocess and preadv2 without RWF_NOWAIT work
+    under the filter."""
     result = fleet.run([job(OWN_FILES_AND_POOLS, "assert out == {'rows': 100, 'busy': True, 'pool': [1, 2, 3], "
-                                                 "'sorted': [1, 2], 'cpus': True, 'child': b'7\\n', "
+                                                 "'sorted': [1, 2], 'qsort': [1, 2, 3, 4, 5], 'cpus': True, 'child': b'7\\n', "
                                                  "'preadv2': 4}, out\n")])[0]
     assert result.passed, result.stderr
 

@@ -1,0 +1,104 @@
+"""Measure the channels between runs that the sandbox cannot remove: inode numbers from kernel-wide counters.
+
+A run cannot be kept from creating a pipe, a socket or a memfd and reading its inode
+number with `fstat`, and those numbers come from counters the whole kernel shares (pipes
+and sockets: `get_next_ino`, per CPU in batches of 1,024; memfds: the internal tmpfs's
+own counter). A writer run moves a counter to a chosen residue modulo M; the next run
+of the same worker reads the residue back after subtracting the offset measured on a
+calibration pair. This prints, for each counter and M, how often the reader decoded the
+writer's value (chance is 1/M), and what moving the counter costs the writer.
+
+    python scripts/measure_channels.py --trials 40 --json
+
+Both runs pin themselves to CPU 0 (as an attacker would: the per-CPU batches otherwise
+make the residue depend on where each run is scheduled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import textwrap
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from reward.fleet import Fleet  # noqa: E402
+from reward.sandbox import Job, Limits  # noqa: E402
+from reward.schema import AssertTests  # noqa: E402
+
+NEW = {"pipe": "os.pipe()", "memfd": "(os.memfd_create('x'),)"}
+COMMON = """
+    import os, time
+    os.sched_setaffinity(0, {{0}})
+    def ino():
+        fds = {new}
+        number = os.fstat(fds[0]).st_ino
+        for fd in fds:
+            os.close(fd)
+        return number
+"""
+WRITER = COMMON + """
+    start = time.perf_counter()
+    moved = 0
+    while ino() % {m} != {value}:
+        moved += 1
+    cost = time.perf_counter() - start
+    print("moved", moved, cost)
+"""
+READER = COMMON + """
+    print("read", ino())
+"""
+
+
+def run_one(fleet: Fleet, program: str) -> str:
+    result = fleet.run([Job(textwrap.dedent(program), AssertTests(""), Limits(timeout_s=30.0, memory_mb=256))])[0]
+    if not result.passed:
+        raise RuntimeError(result.stderr)
+    return result.stdout
+
+
+def measure(fleet: Fleet, kind: str, m: int, trials: int, rng: random.Random) -> dict:
+    """Decoding rate of a residue modulo `m` sent through counter `kind` from one run to the next."""
+    def pair(value: int) -> tuple[int, float, int]:
+        out = run_one(fleet, WRITER.format(new=NEW[kind], m=m, value=value))
+        _, moved, cost = out.split()
+        read = int(run_one(fleet, READER.format(new=NEW[kind])).split()[1])
+        return read, float(cost), int(moved)
+
+    offset = pair(0)[0] % m  # what the runs' own set-up allocates between the writer's number and the reader's
+    hits, costs, moves = 0, [], []
+    for _ in range(trials):
+        value = rng.randrange(m)
+        read, cost, moved = pair(value)
+        hits += (read - offset) % m == value
+        costs.append(cost)
+        moves.append(moved)
+    per_step = sum(costs) / max(1, sum(moves))
+    return {"counter": kind, "m": m, "trials": trials, "decoded": hits, "rate": round(hits / trials, 3),
+            "chance": round(1 / m, 4), "writer_s_mean": round(sum(costs) / trials, 5),
+            "us_per_step": round(per_step * 1e6, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--moduli", default="2,16,256,4096")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rng = random.Random(0)
+    started = time.time()
+    with Fleet(workers=1, cache=False, isolation="bwrap") as fleet:
+        for kind in NEW:
+            for m in (int(x) for x in args.moduli.split(",")):
+                row = measure(fleet, kind, m, args.trials, rng)
+                row["load"] = round(os.getloadavg()[0], 2)
+                print(json.dumps(row) if args.json else row, flush=True)
+    print(json.dumps({"seconds": round(time.time() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()
