@@ -1,9 +1,9 @@
 """Measure the channels between runs that the sandbox cannot remove: inode numbers from kernel-wide counters.
 
-A run cannot be kept from creating a pipe, a socket or a memfd and reading its inode
-number with `fstat`, and those numbers come from counters the whole kernel shares (pipes
-and sockets: `get_next_ino`, per CPU in batches of 1,024; memfds: the internal tmpfs's
-own counter). A writer run moves a counter to a chosen residue modulo M; the next run
+A run cannot be kept from creating a pipe or a socket and reading its inode number with
+`fstat`, and those numbers come from one counter the whole kernel shares (`get_next_ino`,
+per CPU in batches of 1,024; memfds and pidfds, with counters of their own, are refused
+by the seccomp filter). A writer run moves a counter to a chosen residue modulo M; the next run
 of the same worker reads the residue back after subtracting the offset measured on a
 calibration pair. This prints, for each counter and M, how often the reader decoded the
 writer's value (chance is 1/M), and what moving the counter costs the writer.
@@ -30,9 +30,9 @@ from reward.fleet import Fleet  # noqa: E402
 from reward.sandbox import Job, Limits  # noqa: E402
 from reward.schema import AssertTests  # noqa: E402
 
-NEW = {"pipe": "os.pipe()", "memfd": "(os.memfd_create('x'),)"}
+NEW = {"pipe": "os.pipe()", "socket": "[s.detach() for s in socket.socketpair()]"}
 COMMON = """
-    import os, time
+    import os, socket, time
     os.sched_setaffinity(0, {{0}})
     def ino():
         fds = {new}
