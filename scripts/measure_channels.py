@@ -12,6 +12,12 @@ writer's value (chance is 1/M), and what moving the counter costs the writer.
 
 Both runs pin themselves to CPU 0 (as an attacker would: the per-CPU batches otherwise
 make the residue depend on where each run is scheduled).
+
+    python scripts/measure_channels.py --page-cache --json
+
+times, in a run, the first and the second read of one byte of 40 files over 256 KiB under
+/usr/lib (from the `--skip`-th: choose one no one has read since boot): a page no run has read yet is slow to read once and fast after, so a run that
+reads chosen pages leaves a mark that a later run can time (each page once).
 """
 
 from __future__ import annotations
@@ -83,15 +89,44 @@ def measure(fleet: Fleet, kind: str, m: int, trials: int, rng: random.Random) ->
             "us_per_step": round(per_step * 1e6, 2)}
 
 
+PAGE_CACHE = """
+    import os, time
+    files = sorted(os.path.join(d, n) for d, _, names in os.walk("/usr/lib") for n in names
+                   if os.path.isfile(os.path.join(d, n)) and os.path.getsize(os.path.join(d, n)) > 1 << 18)
+    first, second = [], []
+    for name in files[{skip}:{skip} + 40]:
+        fd = os.open(name, os.O_RDONLY)
+        for times in (first, second):
+            start = time.perf_counter_ns()
+            os.pread(fd, 1, 1 << 17)
+            times.append((time.perf_counter_ns() - start) / 1000)
+        os.close(fd)
+    print(sorted(first)[len(first) // 2], sorted(second)[len(second) // 2], len(first))
+"""
+
+
+def page_cache_timing(fleet: Fleet, skip: int) -> dict:
+    """Median microseconds of a first and a second read of a page, over 40 files from the `skip`-th."""
+    first, second, files = run_one(fleet, PAGE_CACHE.format(skip=skip)).split()
+    return {"files": int(files), "first_read_us": float(first), "second_read_us": float(second)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--moduli", default="2,16,256,4096")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--page-cache", action="store_true", help="time first and second reads instead")
+    parser.add_argument("--skip", type=int, default=300, help="--page-cache: start at this file")
     args = parser.parse_args()
     rng = random.Random(0)
     started = time.time()
     with Fleet(workers=1, cache=False, isolation="bwrap") as fleet:
+        if args.page_cache:
+            for run in range(2):  # the second run finds the first run's pages cached
+                row = {"run": run, **page_cache_timing(fleet, args.skip), "load": round(os.getloadavg()[0], 2)}
+                print(json.dumps(row) if args.json else row, flush=True)
+            return
         for kind in NEW:
             for m in (int(x) for x in args.moduli.split(",")):
                 row = measure(fleet, kind, m, args.trials, rng)
