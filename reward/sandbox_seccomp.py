@@ -15,8 +15,8 @@ And every way we know to read kernel-wide state that another run can change
 (docs/sandbox.md, "Kernel-wide state between runs"): a run must not observe what
 another run did.
 
-- the page cache of shared files: posix_fadvise (EPERM: it could evict pages),
-  mincore and cachestat (EPERM), preadv2 and pwritev2 with RWF_NOWAIT
+- the page cache of shared files: posix_fadvise and madvise's MADV_COLD and
+  MADV_PAGEOUT (EPERM: they could evict pages), mincore and cachestat (EPERM), preadv2 and pwritev2 with RWF_NOWAIT
   (EOPNOTSUPP, as for a file that cannot do it), Linux AIO (io_setup, io_submit:
   ENOSYS), whose requests may carry RWF_NOWAIT where a filter cannot read it;
 - numbers from kernel-wide counters: socket and network-namespace cookies
@@ -39,6 +39,7 @@ CLONE_NEWUSER_FLAG, CLONE_PIDFD_FLAG = 0x10000000, 0x00001000
 SOL_SOCKET, SO_COOKIE, SO_NETNS_COOKIE, SO_PASSPIDFD, SO_PEERPIDFD = 1, 57, 71, 76, 77
 F_GETLK, F_OFD_GETLK, F_SETLEASE, F_GETLEASE = 5, 36, 1024, 1025  # F_GETLK64 is F_GETLK on 64-bit ABIs
 RWF_NOWAIT = 0x8
+MADV_COLD, MADV_PAGEOUT = 20, 21
 X32_SYSCALL_BIT = 0x40000000
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -64,14 +65,14 @@ ARCHES = {
         "socketpair": 53, "getsockopt": 55, "fcntl": 72, "preadv2": 327, "pwritev2": 328, "fadvise64": 221,
         "mincore": 27, "cachestat": 451, "flock": 73, "add_key": 248, "request_key": 249, "keyctl": 250,
         "sysinfo": 99, "io_setup": 206, "io_submit": 209, "setsockopt": 54, "memfd_create": 319,
-        "memfd_secret": 447, "pidfd_open": 434}),
+        "memfd_secret": 447, "pidfd_open": 434, "madvise": 28}),
     "aarch64": (0xC00000B7, {
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 241,
         "bpf": 280, "userfaultfd": 282, "clone3": 435, "unshare": 97, "clone": 220, "socket": 198,
         "socketpair": 199, "getsockopt": 209, "fcntl": 25, "preadv2": 286, "pwritev2": 287, "fadvise64": 223,
         "mincore": 232, "cachestat": 451, "flock": 32, "add_key": 217, "request_key": 218, "keyctl": 219,
         "sysinfo": 179, "io_setup": 0, "io_submit": 2, "setsockopt": 208, "memfd_create": 279,
-        "memfd_secret": 447, "pidfd_open": 434}),
+        "memfd_secret": 447, "pidfd_open": 434, "madvise": 233}),
 }
 
 
@@ -120,6 +121,7 @@ def seccomp_filter(machine):
     prog += deny_socket_options(nr["getsockopt"], (SO_COOKIE, SO_NETNS_COOKIE, SO_PEERPIDFD))
     prog += deny_socket_options(nr["setsockopt"], (SO_PASSPIDFD,))
     prog += deny_if_arg_in(nr["fcntl"], 1, (F_GETLK, F_OFD_GETLK, F_SETLEASE, F_GETLEASE), EPERM)
+    prog += deny_if_arg_in(nr["madvise"], 2, (MADV_COLD, MADV_PAGEOUT), EPERM)
     for name in ("preadv2", "pwritev2"):  # flags: args[5]
         prog += [(JEQ_K, 0, 4, nr[name]), (LD_W_ABS, 0, 0, arg_offset(5)), (JSET_K, 0, 1, RWF_NOWAIT),
                  (RET_K, 0, 0, RET_ERRNO | EOPNOTSUPP), (RET_K, 0, 0, RET_ALLOW)]

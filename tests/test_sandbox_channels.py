@@ -104,6 +104,9 @@ REFUSED = """
                                ctypes.create_string_buffer(64), 0)
         elif call == "io_setup":
             ret = libc.syscall(NR[os.uname().machine]["io_setup"], 8, ctypes.byref(ctypes.c_ulong(0)))
+        elif call == "madvise_pageout":
+            where = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, ctypes.c_long(0))
+            ret = libc.madvise(ctypes.c_void_p(where), ctypes.c_size_t(4096), 21)
         elif call == "clone_pidfd":
             ret = libc.syscall(NR[os.uname().machine]["clone"], 0x1000 | 17, None, ctypes.byref(ctypes.c_int()),
                                None, None)  # CLONE_PIDFD | SIGCHLD
@@ -125,13 +128,14 @@ REFUSED = """
 """
 
 
-@pytest.mark.parametrize("call,expected", [("mincore", "EPERM"), ("cachestat", "EPERM"), ("fadvise", "EPERM"),
+@pytest.mark.parametrize("call,expected", [("mincore", "EPERM"), ("cachestat", "EPERM"), ("madvise_pageout", "EPERM"),
+                                           ("fadvise", "EPERM"),
                                            ("pwritev2_nowait", "EOPNOTSUPP"), ("io_setup", "ENOSYS"),
                                            ("sysinfo", "EPERM"), ("clone_pidfd", "EPERM"),
                                            ("peer_pidfd", "ENOPROTOOPT"), ("pass_pidfd", "ENOPROTOOPT")])
 def test_the_filter_refuses_other_readers_of_kernel_wide_state(fleet, call, expected):
     """The page cache's other readers (mincore, cachestat, RWF_NOWAIT writes, Linux AIO's requests that
-    may carry RWF_NOWAIT where no filter reads them), its eviction (fadvise), sysinfo, and the other ways
+    may carry RWF_NOWAIT where no filter reads them), its eviction (fadvise, MADV_PAGEOUT), sysinfo, and the other ways
     to a pidfd (whose inode number counts the machine's processes)."""
     result = fleet.run([job(REFUSED, f"import errno\nassert errno_of({call!r}) == errno.{expected}, "
                                      f"errno_of({call!r})\n")])[0]
