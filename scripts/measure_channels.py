@@ -15,9 +15,10 @@ make the residue depend on where each run is scheduled).
 
     python scripts/measure_channels.py --page-cache --json
 
-times, in a run, the first and the second read of one byte of 40 files over 256 KiB under
-/usr/lib (from the `--skip`-th: choose one no one has read since boot): a page no run has read yet is slow to read once and fast after, so a run that
-reads chosen pages leaves a mark that a later run can time (each page once).
+times, in two runs one after the other, the first and the second read of one byte of 40
+files over 256 KiB under /usr/lib (from the `--skip`-th: choose files no one has read
+since boot). A page no run has read yet is slow to read once and fast after, so a run
+that reads chosen pages leaves a mark that a later run can time (each page once).
 """
 
 from __future__ import annotations

@@ -612,7 +612,8 @@ def learned():
     except OSError:
         return None
 '''
-_PIDFD_WRITER = "import os\nfor _ in range(200):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+_PIDFD_WRITER = ("import os\nfor _ in range(200):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+                 "    os.waitpid(pid, 0)\n")
 _PIDFD_READER = '''
 import os
 def learned():
