@@ -16,9 +16,10 @@ And every way we know to read kernel-wide state that another run can change
 another run did.
 
 - the page cache of shared files: posix_fadvise and madvise's MADV_COLD and
-  MADV_PAGEOUT (EPERM: they could evict pages), mincore and cachestat (EPERM), preadv2 and pwritev2 with RWF_NOWAIT
-  (EOPNOTSUPP, as for a file that cannot do it), Linux AIO (io_setup, io_submit:
-  ENOSYS), whose requests may carry RWF_NOWAIT where a filter cannot read it;
+  MADV_PAGEOUT (EPERM: they could evict pages), mincore and cachestat (EPERM),
+  preadv2 and pwritev2 with RWF_NOWAIT (EOPNOTSUPP, as for a file that cannot do
+  it), Linux AIO (io_setup, io_submit: ENOSYS), whose requests may carry
+  RWF_NOWAIT where a filter cannot read it;
 - numbers from kernel-wide counters: socket and network-namespace cookies
   (getsockopt SO_COOKIE, SO_NETNS_COOKIE: ENOPROTOOPT, as on an older kernel);
   inode numbers of memfds (memfd_create, memfd_secret: EPERM) and of pidfds
@@ -47,7 +48,7 @@ NR_OFFSET, ARCH_OFFSET = 0, 4  # struct seccomp_data, little-endian
 
 
 def arg_offset(index):
-    """Offset of the low word of args[index] in struct seccomp_data (the kernel reads these arguments as int)."""
+    """Offset of the low word of args[index] in struct seccomp_data (the arguments checked here are ints)."""
     return 16 + 8 * index
 
 
