@@ -19,6 +19,12 @@ times, in two runs one after the other, the first and the second read of one byt
 files over 256 KiB under /usr/lib (from the `--skip`-th: choose files no one has read
 since boot). A page no run has read yet is slow to read once and fast after, so a run
 that reads chosen pages leaves a mark that a later run can time (each page once).
+
+    python scripts/measure_channels.py --cpu --trials 20 --json
+
+runs a writer and a reader side by side on two workers: the writer keeps busy (bit 1, eight
+processes, held to one CPU by its cgroup) or sleeps (bit 0) for a second; the reader counts
+loop turns in that second. It prints the reader's counts for each bit.
 """
 
 from __future__ import annotations
@@ -112,6 +118,44 @@ def page_cache_timing(fleet: Fleet, skip: int) -> dict:
     return {"files": int(files), "first_read_us": float(first), "second_read_us": float(second)}
 
 
+CPU_WRITER = """
+    import os, time
+    if {bit}:
+        kids = 0
+        while kids < 7 and os.fork() != 0:
+            kids += 1
+        end = time.monotonic() + 1.2
+        while time.monotonic() < end:
+            pass
+        if kids < 7:
+            os._exit(0)  # a child
+        for _ in range(kids):
+            os.wait()
+    else:
+        time.sleep(1.2)
+"""
+CPU_READER = """
+    import time
+    time.sleep(0.1)
+    turns, end = 0, time.monotonic() + 1.0
+    while time.monotonic() < end:
+        turns += 1
+    print(turns)
+"""
+
+
+def cpu_contention(fleet: Fleet, trials: int, rng: random.Random) -> dict:
+    """The reader's loop turns in a second beside a busy writer (bit 1) and an idle one (bit 0)."""
+    limits = Limits(timeout_s=30.0, memory_mb=256)
+    turns: dict[int, list[int]] = {0: [], 1: []}
+    for _ in range(trials):
+        bit = rng.randrange(2)
+        jobs = [Job(textwrap.dedent(CPU_WRITER.format(bit=bit)), AssertTests(""), limits),
+                Job(textwrap.dedent(CPU_READER), AssertTests(""), limits)]
+        turns[bit].append(int(fleet.run(jobs)[1].stdout))
+    return {f"bit{bit}": sorted(counts) for bit, counts in turns.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=40)
@@ -119,9 +163,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--page-cache", action="store_true", help="time first and second reads instead")
     parser.add_argument("--skip", type=int, default=300, help="--page-cache: start at this file")
+    parser.add_argument("--cpu", action="store_true", help="time a reader beside a busy or idle writer instead")
     args = parser.parse_args()
     rng = random.Random(0)
     started = time.time()
+    if args.cpu:
+        with Fleet(workers=2, cache=False, isolation="bwrap") as fleet:
+            row = {**cpu_contention(fleet, args.trials, rng), "load": round(os.getloadavg()[0], 2)}
+            print(json.dumps(row) if args.json else row)
+        return
     with Fleet(workers=1, cache=False, isolation="bwrap") as fleet:
         if args.page_cache:
             for run in range(2):  # the second run finds the first run's pages cached
