@@ -45,6 +45,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -196,8 +197,39 @@ def package_dirs(roots: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
+# The device nodes a sandbox's /dev holds (bubblewrap's --dev), by (major, minor).
+DEVICE_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
+
+
+def _own_device_nodes() -> str | None:
+    """A new directory of `DEVICE_NODES` for one sandbox (root only), or None to keep the host's nodes.
+
+    Locks live on inodes: with the host's /dev/null in every sandbox, a run's lock range on it is a
+    number that a concurrent run finds by probing with F_SETLK (docs/sandbox.md, "Kernel-wide state
+    between runs"). A worker's runs never overlap and a lock dies with its run, so nodes of the
+    worker's own leave no other run's lock to probe. The caller removes the directory once the
+    sandbox has bound the nodes.
+    """
+    if os.geteuid() != 0:
+        return None
+    directory = tempfile.mkdtemp(prefix="precisecoder-dev-")
+    try:
+        if os.statvfs(directory).f_flag & os.ST_NODEV:
+            raise OSError("a nodev file system")
+        for name, (major, minor) in DEVICE_NODES.items():
+            path = os.path.join(directory, name)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(path, 0o666)  # past the umask
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return directory
+
+
+def _bwrap_command(uid: int | None, source: str, args: list[str], devices: str | None = None) -> list[str]:
     """bubblewrap arguments exposing only the interpreter and system libraries, read-only.
+
+    `devices`: a directory from `_own_device_nodes`, bound over the host's nodes in /dev.
 
     No --die-with-parent: its parent-death signal fires when the *thread* that
     started bwrap exits. The servers exit on their own when their control socket
@@ -223,6 +255,8 @@ def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
     for site in package_dirs(["/usr", prefix]):
         cmd += ["--tmpfs", site, "--remount-ro", site]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    for name in DEVICE_NODES if devices else ():
+        cmd += ["--dev-bind", os.path.join(devices, name), f"/dev/{name}"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
@@ -342,8 +376,9 @@ class _Server:
                 str(_processes_of_uid(uid))]
         exe, _ = _interpreter()
         info_r, info_w = os.pipe()
+        devices = _own_device_nodes() if isolation == "bwrap" and role == "zygote" else None
         if isolation == "bwrap":
-            cmd = _bwrap_command(uid, source, args)
+            cmd = _bwrap_command(uid, source, args, devices)
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
         else:
             cmd = [exe, "-I", "-S", "-c", source, *args]
@@ -359,11 +394,17 @@ class _Server:
             for fd in (info_r, info_w):
                 os.close(fd)
             server_end.close()
+            if devices:
+                shutil.rmtree(devices, ignore_errors=True)
             self.close()
             raise
         os.close(info_w)
         server_end.close()
-        hello = self.receive(STARTUP_S)
+        try:
+            hello = self.receive(STARTUP_S)
+        finally:
+            if devices:  # bound in the sandbox by now (or never): the mounts keep the nodes
+                shutil.rmtree(devices, ignore_errors=True)
         if hello is None or hello.get("op") != "ready":
             os.close(info_r)
             err = self._stderr()

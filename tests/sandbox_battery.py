@@ -555,3 +555,156 @@ CLASS_HACKS: dict[str, tuple[str, str]] = {
             os._exit(0)
         ''')),
 }
+
+# Channels between runs through kernel-wide state (docs/sandbox.md, "Kernel-wide state between runs"):
+# name -> (writer program, reader program, reader's tests, concurrent). The writer sets state that
+# encodes `CHANNEL_SECRET`; the reader tries to read it back and its tests pass only if it learned
+# nothing. `concurrent`: run the two side by side (two workers), else the writer first. Each reader
+# learned the secret before the seccomp filter refused the read.
+CHANNEL_SECRET = 0b1011_0011_1000_1101
+_STDLIB_FILE = "import os\nFILE = os.path.join(os.path.dirname(os.__file__), 'pydoc_data', 'topics.py')\n"
+_PAGE_CACHE_WRITER = _STDLIB_FILE + f'''
+fd = os.open(FILE, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: only the pages read are cached
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+for bit in range(16):
+    if {CHANNEL_SECRET} >> bit & 1:
+        os.pread(fd, 1, 8 * 4096 * bit)
+'''
+_PAGE_CACHE_READER = _STDLIB_FILE + '''
+def learned():
+    fd = os.open(FILE, os.O_RDONLY)
+    value = 0
+    for bit in range(16):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # a missed page reads no neighbours ahead
+            os.preadv(fd, [bytearray(1)], 8 * 4096 * bit, os.RWF_NOWAIT)
+            value |= 1 << bit
+        except BlockingIOError:
+            pass
+        except OSError:
+            return None  # the read is refused
+    return value
+'''
+_LOCK_WRITER = _STDLIB_FILE + f'''
+import fcntl, struct, time
+fd = os.open(FILE, os.O_RDONLY)
+fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, {CHANNEL_SECRET}, 1, 0))
+time.sleep(2.5)
+'''
+_LOCK_READER = _STDLIB_FILE + '''
+import fcntl, struct, time
+def learned():
+    fd = os.open(FILE, os.O_RDONLY)
+    for _ in range(40):  # the writer starts beside us
+        try:
+            kind, _, start, _, _ = struct.unpack("hhqqi", fcntl.fcntl(
+                fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)))
+        except OSError:
+            return None
+        if kind != fcntl.F_UNLCK:
+            return start
+        time.sleep(0.1)
+    return -1
+'''
+_FLOCK_WRITER = _STDLIB_FILE + f'''
+import fcntl, time
+FILES = sorted(os.path.join(os.path.dirname(FILE), "..", n) for n in os.listdir(os.path.dirname(FILE) + "/.."))
+held = []
+for bit in range(16):
+    if {CHANNEL_SECRET} >> bit & 1:
+        held.append(os.open(FILES[bit], os.O_RDONLY))
+        fcntl.flock(held[-1], fcntl.LOCK_SH)
+time.sleep(2.5)
+'''
+_FLOCK_READER = _STDLIB_FILE + '''
+import fcntl, time
+FILES = sorted(os.path.join(os.path.dirname(FILE), "..", n) for n in os.listdir(os.path.dirname(FILE) + "/.."))
+def learned():
+    time.sleep(1)  # the writer starts beside us
+    value = 0
+    for bit in range(16):
+        fd = os.open(FILES[bit], os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            value |= 1 << bit
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+    return value
+'''
+_COOKIE_WRITER = '''
+import socket
+for _ in range(1000):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.getsockopt(socket.SOL_SOCKET, 57, 8)  # SO_COOKIE: a number from a kernel-wide counter
+'''
+_COOKIE_READER = '''
+import socket
+def learned():
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            return [s.getsockopt(socket.SOL_SOCKET, option, 8) for option in (57, 71)]  # SO_(NETNS_)COOKIE
+        except OSError:
+            return None
+'''
+_KEYS = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+         "ADD_KEY = {'x86_64': 248, 'aarch64': 217}[os.uname().machine]\n"
+         "def add(name):\n    return libc.syscall(ADD_KEY, b'user', name.encode(), b'x' * 100, 100, -3)\n")
+_KEY_QUOTA_WRITER = _KEYS + "import time\nn = 0\nwhile add(f'k{n}') > 0:\n    n += 1\ntime.sleep(2.5)\n"
+_KEY_QUOTA_READER = _KEYS + '''
+import errno, time
+def learned():
+    time.sleep(1)
+    n = 0
+    while add(f'r{n}') > 0:
+        n += 1
+    return None if ctypes.get_errno() == errno.EPERM else n
+'''
+_SYSINFO_WRITER = ("import threading, time\nthreading.stack_size(1 << 16)\nfor _ in range(40):\n"
+                   "    threading.Thread(target=time.sleep, args=(2.5,)).start()\n")
+_SYSINFO_READER = '''
+import ctypes, time
+def learned():
+    time.sleep(1)
+    info = (ctypes.c_uint16 * 64)()
+    if ctypes.CDLL(None).sysinfo(info) != 0:
+        return None
+    return info[40]  # struct sysinfo's procs: after uptime, loads[3], 4 memory figures (x86_64, aarch64)
+'''
+_MEMFD_WRITER = "import os\nfor _ in range(1000):\n    os.close(os.memfd_create('x'))\n"
+_MEMFD_READER = '''
+import os
+def learned():
+    try:
+        return os.fstat(os.memfd_create("x")).st_ino  # from the internal tmpfs's kernel-wide counter
+    except OSError:
+        return None
+'''
+_PIDFD_WRITER = ("import os\nfor _ in range(200):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+                 "    os.waitpid(pid, 0)\n")
+_PIDFD_READER = '''
+import os
+def learned():
+    try:
+        return os.fstat(os.pidfd_open(os.getpid())).st_ino  # pidfs: one kernel-wide counter of processes
+    except OSError:
+        return None
+'''
+CHANNELS: dict[str, tuple[str, str, str, bool]] = {
+    "page_cache_set_by_reading_cleared_by_fadvise_read_by_preadv2_nowait": (
+        _PAGE_CACHE_WRITER, _PAGE_CACHE_READER, "assert learned() is None, learned()\n", False),
+    "posix_lock_range_on_a_shared_file_read_by_f_getlk": (
+        _LOCK_WRITER, _LOCK_READER, "assert learned() is None, learned()\n", True),
+    "flock_on_shared_files_read_by_lock_nb": (
+        _FLOCK_WRITER, _FLOCK_READER, "assert learned() is None, learned()\n", True),
+    "socket_cookies_from_a_kernel_wide_counter": (
+        _COOKIE_WRITER, _COOKIE_READER, "assert learned() is None, learned()\n", False),
+    "key_quota_of_the_uid": (_KEY_QUOTA_WRITER, _KEY_QUOTA_READER, "assert learned() is None, learned()\n", True),
+    "memfd_inode_numbers": (_MEMFD_WRITER, _MEMFD_READER, "assert learned() is None, learned()\n", False),
+    "pidfd_inode_numbers": (_PIDFD_WRITER, _PIDFD_READER, "assert learned() is None, learned()\n", False),
+    "sysinfo_procs_counts_every_thread": (
+        _SYSINFO_WRITER, _SYSINFO_READER, "assert learned() is None, learned()\n", True),
+}
