@@ -74,6 +74,12 @@ def to_wire(value, depth=0, budget=None, handle=None):
         return value
     if kind is list:
         return ["list", [to_wire(v, depth + 1, budget, handle) for v in value]]
+    if kind is range:
+        return ["range", to_wire(value.start), to_wire(value.stop), to_wire(value.step)]
+    if kind.__module__.partition(".")[0] in _VALUE_MODULES:
+        wire = _value_to_wire(value, kind, depth, budget, handle)
+        if wire is not None:
+            return wire
     if issubclass(kind, bool):
         return bool(value)
     if issubclass(kind, int):
@@ -120,10 +126,10 @@ def _float(text):
         raise CodecError("bad float") from None
 
 
-def _items(payload, depth, budget, handle):
+def _items(payload, depth, budget, handle, ref=None):
     if not isinstance(payload, list):
         raise CodecError("bad container")
-    return [from_wire(v, depth + 1, budget, handle) for v in payload]
+    return [from_wire(v, depth + 1, budget, handle, ref) for v in payload]
 
 
 def _bytes(payload):
@@ -135,8 +141,9 @@ def _bytes(payload):
         raise CodecError("bad bytes") from None
 
 
-def from_wire(obj, depth=0, budget=None, handle=None):
-    """Rebuild a value from its wire form; CodecError on anything malformed (or a handle without `handle`)."""
+def from_wire(obj, depth=0, budget=None, handle=None, ref=None):
+    """Rebuild a value from its wire form; CodecError on anything malformed (or a handle without `handle`,
+    a reference to an object of the tests without `ref`)."""
     budget = budget or _Budget()
     budget.spend()
     if depth > MAX_DEPTH:
@@ -170,24 +177,204 @@ def from_wire(obj, depth=0, budget=None, handle=None):
             if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
                 raise CodecError("bad handle")
             return handle(rest[0])
+        if tag == "ref" and len(rest) == 1 and ref is not None:
+            if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
+                raise CodecError("bad reference")
+            return ref(rest[0])
+        if tag == "range" and len(rest) == 3:
+            start, stop, step = (from_wire(v, depth + 1, budget) for v in rest)
+            if not all(type(v) is int for v in (start, stop, step)) or step == 0:
+                raise CodecError("bad range")
+            return range(start, stop, step)
+        if tag in _VALUE_TAGS:
+            return _value_from_wire(tag, rest, depth, budget, handle, ref)
         if len(rest) == 1:
             if tag == "list":
-                return _items(rest[0], depth, budget, handle)
+                return _items(rest[0], depth, budget, handle, ref)
             if tag == "tuple":
-                return tuple(_items(rest[0], depth, budget, handle))
+                return tuple(_items(rest[0], depth, budget, handle, ref))
             if tag == "set":
-                return set(_items(rest[0], depth, budget, handle))
+                return set(_items(rest[0], depth, budget, handle, ref))
             if tag == "frozenset":
-                return frozenset(_items(rest[0], depth, budget, handle))
+                return frozenset(_items(rest[0], depth, budget, handle, ref))
             if tag == "dict":
                 pairs = rest[0]
                 if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
                     raise CodecError("bad dict")
-                return {from_wire(k, depth + 1, budget, handle): from_wire(v, depth + 1, budget, handle)
+                return {from_wire(k, depth + 1, budget, handle, ref): from_wire(v, depth + 1, budget, handle, ref)
                         for k, v in pairs}
     except TypeError as e:  # an unhashable key or set member
         raise CodecError(str(e)) from None
     raise CodecError(f"unknown tag {tag[:20]!r}")
+
+
+# ---- values of the standard library and of numpy, by exact type --------------------------------------------
+# The sender never imports: a value of a library's type exists only where the library is loaded. The receiver
+# imports the library when a value of it arrives, and says so (CodecUnavailable) when it cannot.
+
+_VALUE_MODULES = frozenset(("datetime", "decimal", "fractions", "numpy"))
+_VALUE_TAGS = frozenset(("decimal", "fraction", "date", "time", "datetime", "timedelta", "ndarray", "ndarray_object",
+                         "npscalar"))
+_ARRAY_KINDS = "biufcSUmM"  # bool, integers, floats, complex, bytes, str, timedelta64, datetime64
+_MAX_DIMS = 32
+
+
+class CodecUnavailable(CodecError):
+    """A value of a library that this side cannot import: the harness's limit, not the sender's fault."""
+
+
+def _library(name):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise CodecUnavailable(f"{name} cannot be imported here") from None
+
+
+def _offset(tz, when):
+    """A tzinfo as [UTC offset in microseconds, name or None] (any tzinfo crosses as its fixed offset)."""
+    if tz is None:
+        return None
+    delta = tz.utcoffset(when)
+    if delta is None:
+        return None
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    datetime = _library("datetime")
+    name = tz.tzname(when) if type(tz) is datetime.timezone else None
+    return [micros, None if name == datetime.timezone(delta).tzname(when) else name]
+
+
+def _tzinfo(wire):
+    if wire is None:
+        return None
+    if type(wire) is not list or len(wire) != 2 or type(wire[0]) is not int or type(wire[1]) not in (str, type(None)):
+        raise CodecError("bad time zone")
+    datetime = _library("datetime")
+    delta = datetime.timedelta(microseconds=wire[0])
+    return datetime.timezone(delta) if wire[1] is None else datetime.timezone(delta, wire[1])
+
+
+def _array_wire(np, array):
+    if array.dtype.kind == "O":
+        return ["ndarray_object", list(array.shape), None]
+    if array.dtype.kind not in _ARRAY_KINDS or array.dtype.fields is not None:
+        return None
+    raw = base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+    return ["ndarray", array.dtype.str, list(array.shape), raw]
+
+
+def _value_to_wire(value, kind, depth, budget, handle):
+    """The wire form of a library value of exact type `kind`, or None when it has none (it is then a handle)."""
+    module = kind.__module__.partition(".")[0]
+    if module == "decimal" and kind.__name__ == "Decimal":
+        return ["decimal", str(value)]
+    if module == "fractions" and kind.__name__ == "Fraction":
+        return ["fraction", to_wire(value.numerator), to_wire(value.denominator)]
+    if module == "datetime":
+        datetime = _library("datetime")
+        if kind is datetime.datetime:
+            return ["datetime", [value.year, value.month, value.day, value.hour, value.minute, value.second,
+                                 value.microsecond, value.fold], _offset(value.tzinfo, value)]
+        if kind is datetime.date:
+            return ["date", [value.year, value.month, value.day]]
+        if kind is datetime.time:
+            return ["time", [value.hour, value.minute, value.second, value.microsecond, value.fold],
+                    _offset(value.tzinfo, None)]
+        if kind is datetime.timedelta:
+            return ["timedelta", [value.days, value.seconds, value.microseconds]]
+        return None
+    if module == "numpy":
+        np = _library("numpy")
+        if kind is np.ndarray:
+            wire = _array_wire(np, value)
+            if wire is not None and wire[0] == "ndarray_object":
+                wire[2] = [to_wire(v, depth + 1, budget, handle) for v in value.ravel().tolist()]
+            return wire
+        if issubclass(kind, np.generic) and value.dtype.kind in _ARRAY_KINDS:
+            return ["npscalar", value.dtype.str, base64.b64encode(value.tobytes()).decode("ascii")]
+    return None
+
+
+def _ints(wire, count):
+    if type(wire) is not list or len(wire) != count or not all(type(v) is int for v in wire):
+        raise CodecError("bad value")
+    return wire
+
+
+def _dtype(np, text):
+    if type(text) is not str or len(text) > 32 or text[:1] not in "<>|=" or text[1:2] not in _ARRAY_KINDS:
+        raise CodecError("bad dtype")
+    try:
+        return np.dtype(text)
+    except (TypeError, ValueError):
+        raise CodecError("bad dtype") from None
+
+
+def _shape(wire):
+    if type(wire) is not list or len(wire) > _MAX_DIMS or not all(type(n) is int and 0 <= n <= MAX_BYTES for n in wire):
+        raise CodecError("bad shape")
+    count = 1
+    for n in wire:
+        count *= n
+    if count > MAX_BYTES:
+        raise CodecError("bad shape")
+    return tuple(wire), count
+
+
+def _value_from_wire(tag, rest, depth, budget, handle, ref):
+    """Rebuild a library value (`_value_to_wire`) with this side's own library."""
+    try:
+        if tag == "decimal" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 1000:
+            return _library("decimal").Decimal(rest[0])
+        if tag == "fraction" and len(rest) == 2:
+            numerator, denominator = (from_wire(v, depth + 1, budget) for v in rest)
+            if type(numerator) is not int or type(denominator) is not int or denominator <= 0:
+                raise CodecError("bad fraction")
+            return _library("fractions").Fraction(numerator, denominator)
+        if tag in ("date", "time", "datetime", "timedelta"):
+            datetime = _library("datetime")
+            if tag == "date" and len(rest) == 1:
+                return datetime.date(*_ints(rest[0], 3))
+            if tag == "timedelta" and len(rest) == 1:
+                days, seconds, micros = _ints(rest[0], 3)
+                return datetime.timedelta(days=days, seconds=seconds, microseconds=micros)
+            if tag == "time" and len(rest) == 2:
+                *fields, fold = _ints(rest[0], 5)
+                return datetime.time(*fields, tzinfo=_tzinfo(rest[1]), fold=fold)
+            if tag == "datetime" and len(rest) == 2:
+                *fields, fold = _ints(rest[0], 8)
+                return datetime.datetime(*fields, tzinfo=_tzinfo(rest[1]), fold=fold)
+        if tag == "npscalar" and len(rest) == 2:
+            np = _library("numpy")
+            dtype = _dtype(np, rest[0])
+            raw = _bytes(rest[1])
+            if len(raw) != dtype.itemsize or dtype.itemsize == 0:
+                raise CodecError("bad numpy scalar")
+            return np.frombuffer(raw, dtype=dtype)[0]
+        if tag == "ndarray" and len(rest) == 3:
+            np = _library("numpy")
+            dtype = _dtype(np, rest[0])
+            shape, count = _shape(rest[1])
+            raw = _bytes(rest[2])
+            if len(raw) != count * dtype.itemsize:
+                raise CodecError("bad array size")
+            if dtype.itemsize == 0:
+                return np.zeros(shape, dtype=dtype)
+            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        if tag == "ndarray_object" and len(rest) == 2:
+            np = _library("numpy")
+            shape, count = _shape(rest[0])
+            items = _items(rest[1], depth, budget, handle, ref)
+            if len(items) != count:
+                raise CodecError("bad array size")
+            array = np.empty(count, dtype=object)
+            for i, item in enumerate(items):
+                array[i] = item
+            return array.reshape(shape)
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, CodecError):
+            raise
+        raise CodecError(f"bad {tag}: {str(e)[:100]}") from None
+    raise CodecError(f"bad {tag}")
 
 
 def encode(value):

@@ -382,7 +382,7 @@ def describe_names(namespace, handles):
     return names
 
 
-def serve_calls(sock, handles):
+def serve_calls(sock, link):
     """Answer the judge's calls until it says exit; the run process's whole job in proxy mode."""
     while True:
         try:
@@ -391,19 +391,18 @@ def serve_calls(sock, handles):
             return
         if msg.get("op") != "call":
             return
-        reply = answer_call(msg, handles)
-        try:
-            send_frame(sock, reply)
-        except CodecError as e:
-            send_frame(sock, {"op": "bad", "message": str(e)})
+        link.reply(answer_call(msg, link))
 
 
-def answer_call(msg, handles):
-    """Run one operation of the judge's on the program's objects; the reply holds plain data and handles."""
+def answer_call(msg, link):
+    """Run one operation of the judge's on the program's objects; the reply holds plain data, handles and
+    the tests' own objects (references)."""
     try:
         fn = OPS[msg["fn"]]
-        args = from_wire(msg["args"], handle=handles.get)
-        kwargs = from_wire(msg["kwargs"], handle=handles.get)
+        args = link.decode(msg["args"])
+        kwargs = link.decode(msg["kwargs"])
+    except CodecUnavailable as e:
+        return {"op": "unavailable", "message": _safe_str(e)[:200]}
     except (KeyError, TypeError, CodecError) as e:
         return {"op": "bad", "message": f"malformed call: {_safe_str(e)[:200]}"}
     try:
@@ -418,11 +417,128 @@ def answer_call(msg, handles):
     except BaseException as e:
         return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
     try:
-        mutated = [[i, to_wire(a, handle=handles.ref)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
-        mutated_kw = [[k, to_wire(v, handle=handles.ref)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
-        return {"op": "ok", "result": to_wire(result, handle=handles.ref), "args": mutated, "kwargs": mutated_kw}
+        mutated = [[i, link.encode(a)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
+        mutated_kw = [[k, link.encode(v)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
+        return {"op": "ok", "result": link.encode(result), "args": mutated, "kwargs": mutated_kw}
     except (CodecError, RecursionError, TypeError, ValueError) as e:
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
+
+
+class JudgeLink:
+    """The run process's end of the socket to the judge: it answers the judge's calls, and asks the judge to
+    run the program's uses of the tests' objects (`Borrowed`), answering the judge's calls meanwhile."""
+
+    def __init__(self, sock, handles):
+        self.sock = sock
+        self.handles = handles
+        self.borrowed = {}
+
+    def borrow(self, number):
+        """The one proxy of the tests' object `number`, so `is` works as it does in the tests."""
+        found = self.borrowed.get(number)
+        if found is None:
+            found = self.borrowed[number] = Borrowed(number, self)
+        return found
+
+    def wire(self, value):
+        if type(value) is Borrowed:
+            return ["ref", value._Borrowed__number]
+        return self.handles.ref(value)
+
+    def encode(self, value):
+        return to_wire(value, handle=self.wire)
+
+    def decode(self, wire):
+        return from_wire(wire, handle=self.handles.get, ref=self.borrow)
+
+    def reply(self, msg):
+        try:
+            send_frame(self.sock, msg)
+        except CodecError as e:
+            send_frame(self.sock, {"op": "bad", "message": str(e)})
+
+    def request(self, fn, args, kwargs=None):
+        """Run `fn` (the judge's `BACK_OPS`) on an object of the tests; its result, or its exception raised here."""
+        try:
+            send_frame(self.sock, {"op": "back", "fn": fn, "args": self.encode(list(args)),
+                                   "kwargs": self.encode(dict(kwargs or {}))})
+        except OSError:
+            finish(0)  # the judge is gone: the verdict is decided
+        while True:
+            try:
+                msg = recv_frame(self.sock)
+            except (EOFError, OSError, CodecError):
+                finish(0)
+            kind = msg.get("op")
+            if kind == "call":  # the tests' code calls the program back before it answers
+                self.reply(answer_call(msg, self))
+            elif kind == "ok":
+                return self.decode(msg.get("result"))
+            elif kind == "stop" and fn == "next":
+                raise StopIteration
+            elif kind == "raise":
+                cls = getattr(builtins, str(msg.get("type")), None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)) or issubclass(cls, StopIteration):
+                    cls = Exception
+                raise cls(str(msg.get("message")))
+            else:
+                finish(0)  # the tests ended (an assertion failed inside the tests' own code, or all passed)
+
+
+class Borrowed:
+    """An object of the tests (a callback, a generator, a file, an instance of the tests' class): it stays in
+    the judge, and each use here is a request there (docs/sandbox.md, "Objects of the tests")."""
+
+    __slots__ = ("__number", "__link")
+
+    def __init__(self, number, link):
+        object.__setattr__(self, "_Borrowed__number", number)
+        object.__setattr__(self, "_Borrowed__link", link)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(f"the tests' objects do not lend the attribute {name!r}")
+        return self.__link.request("getattr", (self, name))
+
+    def __setattr__(self, name, value):
+        self.__link.request("setattr", (self, name, value))
+
+    def __call__(self, *args, **kwargs):
+        return self.__link.request("call", (self, *args), kwargs)
+
+    def __iter__(self):
+        return self.__link.request("iter", (self,))
+
+    def __next__(self):
+        return self.__link.request("next", (self,))
+
+    def __len__(self):
+        return self.__link.request("len", (self,))
+
+    def __getitem__(self, key):
+        return self.__link.request("getitem", (self, key))
+
+    def __setitem__(self, key, value):
+        self.__link.request("setitem", (self, key, value))
+
+    def __contains__(self, value):
+        return self.__link.request("contains", (self, value))
+
+    def __bool__(self):
+        return self.__link.request("bool", (self,))
+
+    def __str__(self):
+        return self.__link.request("str", (self,))
+
+    def __repr__(self):
+        return self.__link.request("repr", (self,))
+
+    def __enter__(self):
+        return self.__link.request("enter", (self,))
+
+    def __exit__(self, kind, exc, tb):
+        name = None if exc is None else builtin_exception(exc) if isinstance(exc, Exception) else "Exception"
+        return self.__link.request("exit", (self, name, None if exc is None else _safe_str(exc)))
 
 
 def run_job(job, host, judge):
@@ -455,7 +571,7 @@ def run_job(job, host, judge):
             send_frame(judge, {"op": "ready", "names": describe_names(namespace, handles)})
         except (OSError, CodecError):
             finish(1)
-        serve_calls(judge, handles)
+        serve_calls(judge, JudgeLink(judge, handles))
     elif mode == "inprocess":
         try:
             exec(tests, namespace)
