@@ -370,7 +370,7 @@ def _value_from_wire(tag, rest, depth, budget, handle, ref):
             for i, item in enumerate(items):
                 array[i] = item
             return array.reshape(shape)
-    except (TypeError, ValueError, OverflowError) as e:
+    except (TypeError, ValueError, ArithmeticError) as e:  # decimal's InvalidOperation is an ArithmeticError
         if isinstance(e, CodecError):
             raise
         raise CodecError(f"bad {tag}: {str(e)[:100]}") from None

@@ -1,0 +1,278 @@
+"""Values both ways between the tests and the program in proxy mode (docs/sandbox.md, "Objects of the tests"
+and "Values of libraries"): the tests' callbacks, generators, iterators, files and class instances are lent
+to the program by reference and never show it the tests' code or data; `range`, `datetime`, `Decimal`,
+`Fraction` and numpy values cross as values, rebuilt exactly by the receiver's own library.
+
+The tasks are the hand-written ones of tests/fixtures/values_tasks.jsonl (each buggy program has one wrong
+line; every solution passes and every bug fails in plain Python)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import fractions
+import json
+import subprocess
+import sys
+import zoneinfo
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl.cli import main
+from reward.fleet import Fleet
+from reward.sandbox import Job, Limits
+from reward.sandbox_codec import MAX_DEPTH, CodecError, decode, encode, from_wire, to_wire
+from reward.schema import AssertTests, load_tasks
+
+ROOT = Path(__file__).parent.parent
+FIXTURE = Path(__file__).parent / "fixtures" / "values_tasks.jsonl"
+TASKS = load_tasks(FIXTURE)
+FAST = Limits(timeout_s=30.0, memory_mb=512)
+SECRET = "tests-secret-4242"
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with Fleet(workers=2, cache=False, isolation="bwrap") as f:
+        yield f
+
+
+def run(fleet, program: str, tests: str, limits: Limits = FAST):
+    return fleet.run([Job(program, AssertTests(tests), limits)])[0]
+
+
+# ---- the codec, on the host ---------------------------------------------------------------------------------
+
+def _same(a, b) -> bool:
+    """Equal value, exact type, and for numpy the same dtype, shape and bits (NaN payloads and -0.0 kept)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (np.ndarray, np.generic)):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.kind == "O":
+            return all(_same(x, y) for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
+        return a.tobytes() == b.tobytes()
+    if isinstance(a, (dt.datetime, dt.time)):
+        return a == b and repr(a) == repr(b) and a.fold == b.fold
+    return repr(a) == repr(b)
+
+
+def _stdlib_values() -> list:
+    named = dt.timezone(dt.timedelta(hours=5, minutes=30), "IST")
+    return [range(0), range(-5, 10**30, 7), range(10, 0, -3),
+            decimal.Decimal("-0.00"), decimal.Decimal("NaN"), decimal.Decimal("1E+400"),
+            decimal.Decimal("3.14159265358979323846264338327950288419716939937510"),
+            fractions.Fraction(-3, 7), fractions.Fraction(10**40, 3),
+            dt.date(2024, 2, 29), dt.date.min, dt.time(23, 59, 59, 999999), dt.time(1, tzinfo=named),
+            dt.datetime(2020, 1, 1, 3, 4, 5, 6), dt.datetime(2021, 11, 7, 1, 30, fold=1),
+            dt.datetime(2020, 6, 1, tzinfo=dt.timezone.utc), dt.datetime(2020, 6, 1, tzinfo=named),
+            dt.datetime(2020, 6, 1, tzinfo=dt.timezone(dt.timedelta(hours=-7))),
+            dt.timedelta(days=-1, seconds=5, microseconds=6), dt.timedelta.max]
+
+
+def _numpy_values() -> list:
+    rng = np.random.default_rng(41)
+    nan_payload = np.array([0x7FF8_0000_0000_1234], dtype=np.uint64).view(np.float64)
+    values = [np.arange(12.0).reshape(3, 4), np.array([np.nan, -0.0, np.inf]), nan_payload,
+              np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max]), np.array([True, False]),
+              np.array([1 + 2j], dtype=np.complex64), np.array(["ab", "", "ünï"]), np.array([b"x\x00y"]),
+              np.array(["2020-01-01T00:00:00.123456789"], dtype="M8[ns]"), np.array([3, -4], dtype="m8[s]"),
+              np.array(7, dtype=np.uint16), np.zeros((0, 3), dtype=np.int32), np.asfortranarray(np.eye(3)),
+              np.arange(10)[::3], np.array([1, "a", None, [2, 3.5]], dtype=object),
+              np.float64(1.5), np.float32(-0.0), np.int8(-3), np.uint64(2**64 - 1), np.bool_(True),
+              np.str_("hi"), np.bytes_(b"b"), np.datetime64("2020-01-01T00:00"), np.timedelta64(5, "D"),
+              np.complex128(1 - 1j)]
+    for dtype in ("<f8", ">f4", "<i2", ">u4", "|b1", "<c16", "<f2"):  # random bits, both byte orders
+        for shape in ((5,), (2, 3), (1, 1, 4)):
+            raw = rng.integers(0, 256, size=int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+            values.append(np.frombuffer(raw.tobytes(), dtype=dtype).reshape(shape))
+    return values
+
+
+@pytest.mark.parametrize("value", _stdlib_values() + _numpy_values(), ids=lambda v: type(v).__name__)
+def test_library_values_round_trip_exactly(value):
+    back = decode(encode(value))
+    assert _same(value, back), (value, back)
+    if isinstance(back, np.ndarray):
+        assert back.flags.writeable and back.flags.c_contiguous
+
+
+def test_any_time_zone_crosses_as_its_utc_offset():
+    when = dt.datetime(2020, 7, 1, 12, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))
+    back = decode(encode(when))
+    assert back == when and back.utcoffset() == dt.timedelta(hours=2) and type(back.tzinfo) is dt.timezone
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+def test_subclasses_of_library_types_are_not_values():
+    """A subclass crosses as a handle (its methods may change what its values mean: a mask, `*` of np.matrix)."""
+    class Stamp(dt.date):
+        pass
+    for value in (np.ma.masked_array([1, 2], mask=[0, 1]), np.matrix([[1, 2]]), Stamp(2020, 1, 1),
+                  np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")])):
+        assert to_wire(value, handle=lambda v: ["handle", 0]) == ["handle", 0]
+        with pytest.raises(CodecError):
+            encode(value)
+
+
+@pytest.mark.parametrize("wire", [
+    ["ndarray", "|O8", [1], ""], ["ndarray", "<V8", [1], "AAAAAAAAAAA="], ["ndarray", "f8", [1], "AAAAAAAAAAA="],
+    ["ndarray", "<f8", [2], "AAAAAAAAAAA="], ["ndarray", "<f8", [-1], ""], ["ndarray", "<f8", [1 << 20] * 3, ""],
+    ["ndarray", "<f8", [1] * 40, "AAAAAAAAAAA="], ["ndarray", "<U2", ["1"], ""], ["npscalar", "<f8", "AAAA"],
+    ["ndarray_object", [2], [1]], ["decimal", "x" * 2000], ["decimal", "1e"], ["fraction", 1, 0],
+    ["fraction", ["float", "1.0"], 2], ["date", [2020, 13, 1]], ["datetime", [2020, 1, 1, 0, 0, 0, 0, 2], None],
+    ["time", [0, 0, 0, 0, 0], [86400 * 1_000_000, None]], ["timedelta", [10**12, 0, 0]], ["range", 0, 1, 0],
+    ["range", 0, ["float", "1.0"], 1], ["date", [2020, 1]]])
+def test_malformed_library_values_are_codec_errors(wire):
+    with pytest.raises(CodecError):
+        from_wire(wire)
+
+
+def test_object_arrays_obey_the_depth_limit():
+    nested: list = []
+    for _ in range(MAX_DEPTH + 5):
+        nested = [nested]
+    array = np.empty(1, dtype=object)
+    array[0] = nested
+    with pytest.raises(CodecError):
+        encode(array)
+
+
+def test_the_codec_works_in_a_bare_interpreter_without_numpy():
+    """As the sandbox servers run it (`python -I -S`): stdlib values cross, numpy is never imported to send
+    them, and a numpy value is a CodecUnavailable (unverifiable to the judge), not a malformed message."""
+    script = (ROOT / "reward" / "sandbox_codec.py").read_text() + """
+import sys, datetime, decimal
+try:
+    import numpy
+    print("numpy importable")
+    raise SystemExit(0)
+except ImportError:
+    pass
+value = [range(3), decimal.Decimal("1.5"), datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)]
+assert decode(encode(value)) == value and "numpy" not in sys.modules
+try:
+    from_wire(["ndarray", "<f8", [1], "AAAAAAAAAAA="])
+except CodecUnavailable as e:
+    print("unavailable:", e)
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("numpy importable"):
+        pytest.skip("numpy is importable in a bare interpreter here")
+    assert out.stdout.strip() == "unavailable: numpy cannot be imported here"
+
+
+# ---- the tests' objects in the program, in the sandbox ------------------------------------------------------
+
+def test_values_tasks_verify_through_check(tmp_path, capsys):
+    rc = main(["check", "--tasks", str(FIXTURE), "--out", str(tmp_path / "check.jsonl"), "--workers", "2",
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"{len(TASKS)}/{len(TASKS)} verified" in err and "unverifiable 0" in err
+    records = [json.loads(line) for line in (tmp_path / "check.jsonl").read_text().splitlines()]
+    assert {r["mode"] for r in records} == {"proxy"}
+    assert sorted((r["target"], r["status"]) for r in records) == \
+        sorted([("solution", "pass")] * len(TASKS) + [("buggy", "fail")] * len(TASKS))
+
+
+def test_values_tasks_through_the_fleet(fleet):
+    results = fleet.run([Job(t.solution, t.tests, FAST) for t in TASKS] + [Job(t.buggy_code, t.tests, FAST)
+                                                                          for t in TASKS])
+    solutions, bugs = results[:len(TASKS)], results[len(TASKS):]
+    assert [(t.task_id, r.status) for t, r in zip(TASKS, solutions)] == [(t.task_id, "pass") for t in TASKS], \
+        [r.stderr[-400:] for r in solutions if not r.passed]
+    assert [(t.task_id, r.status) for t, r in zip(TASKS, bugs)] == [(t.task_id, "fail") for t in TASKS], \
+        [r.stderr[-400:] for r in bugs]
+
+
+# The program's own way to a request the `Borrowed` proxy would refuse: the raw link under it.
+RAW = "def raw(obj, op, *args):\n    link = object.__getattribute__(obj, '_Borrowed__link')\n" \
+      "    return link.request(op, (obj, *args))\n"
+LEAKS = {
+    "globals": ("def leak(cb):\n    return cb.__globals__['SECRET']\n", "lambda x: x"),
+    "co_consts": (f"def leak(cb):\n    return cb.__code__.co_consts[1]\n", f"lambda: {SECRET!r}"),
+    "closure": ("def leak(cb):\n    return cb.__closure__[0].cell_contents\n", "(lambda s: lambda: s)(SECRET)"),
+    "gi_frame": ("def leak(g):\n    return g.gi_frame.f_back.f_globals['SECRET']\n", "(x for x in [1])"),
+    "dict": ("def leak(o):\n    return o.__dict__['s']\n", "Hidden()"),
+    "raw_globals": (RAW + "def leak(cb):\n    return raw(cb, 'getattr', '__globals__')['SECRET']\n", "lambda x: x"),
+    "raw_gi_frame": (RAW + "def leak(g):\n    return raw(raw(g, 'getattr', 'gi_frame'), 'getattr', 'f_globals')"
+                     "['SECRET']\n", "(x for x in [1])"),
+    "raw_class": (RAW + "def leak(o):\n    return raw(raw(o, 'getattr', '__class__'), 'getattr', 's')\n", "Hidden()"),
+    "raw_plain_target": ("import gc\ndef leak(cb):\n    link = [o for o in gc.get_objects() if type(o).__name__ == "
+                         "'JudgeLink'][0]\n    return link.request('getattr', ([1], '__class__'))\n", "lambda x: x"),
+    "forged_reference": ("import gc\ndef leak(cb):\n    link = [o for o in gc.get_objects() if type(o).__name__ =="
+                         " 'JudgeLink'][0]\n    return link.request('call', (link.borrow(7),))\n", "lambda x: x"),
+    "getattr_builtin": ("def leak(get, cb):\n    return get(cb, '__globals__')['SECRET']\n", "getattr, lambda x: x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKS))
+def test_references_never_show_the_program_the_tests_code_or_data(fleet, name):
+    program, argument = LEAKS[name]
+    tests = f"SECRET = {SECRET!r}\nclass Hidden:\n    s = SECRET\n    def __init__(self):\n        self.s = SECRET\n" \
+            f"for _ in [0]:\n    assert leak({argument}) == SECRET\n"
+    result = run(fleet, program, tests)
+    assert result.status in {"fail", "error", "unverifiable"}, (result.status, result.stderr[-800:])
+    assert SECRET not in result.stderr + result.stdout
+
+
+def test_a_program_cannot_catch_a_failure_of_the_tests_code(fleet):
+    program = "def call(cb):\n    try:\n        cb(1)\n    except BaseException:\n        pass\n    return 'ok'\n"
+    result = run(fleet, program, "def cb(x):\n    assert x == 2\nassert call(cb) == 'ok'\n")
+    assert result.status == "fail", result.stderr[-800:]
+
+
+def test_a_program_cannot_replace_a_method_of_the_tests_object(fleet):
+    program = "def fake(node):\n    node.total = lambda: 6\n    return node\ndef fix(node):\n    node.v = 6\n" \
+              "    return node\n"
+    tests = "class N:\n    def __init__(self):\n        self.v = 1\n    def total(self):\n        return self.v\n" \
+            "assert {name}(N()).total() == 6\n"
+    faked, fixed = (run(fleet, program, tests.format(name=name)) for name in ("fake", "fix"))
+    assert faked.status == "error" and "may not set 'total'" in faked.stderr, faked.stderr[-800:]
+    assert fixed.passed, fixed.stderr[-800:]
+
+
+def test_calls_nest_both_ways_and_identity_holds_both_ways(fleet):
+    program = ("class P:\n    pass\ndef down(n, cb):\n    return 0 if n == 0 else 1 + cb(n - 1)\n"
+               "def same(a, b):\n    return a is b\ndef echo(a):\n    return a\ndef roundtrip(cb):\n    p = P()\n"
+               "    return cb(p) is p\ndef safe(cb):\n    try:\n        return cb()\n    except ValueError as e:\n"
+               "        return 'caught ' + str(e)\n")
+    tests = ("def cb(n):\n    return down(n, cb)\nassert down(60, cb) == 60\n"
+             "o = object.__new__(type('T', (), {}))\nassert same(o, o) and not same(o, [])\nassert echo(o) is o\n"
+             "assert roundtrip(lambda p: p) is True\n"
+             "def bad():\n    raise ValueError('no')\nassert safe(bad) == 'caught no'\n")
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-800:]
+
+
+def test_a_program_that_floods_callbacks_is_bounded_by_the_runs_deadline(fleet):
+    result = run(fleet, "def flood(cb):\n    while True:\n        cb(1)\n", "flood(lambda x: x)\n",
+                 Limits(timeout_s=1.5, memory_mb=512))
+    assert result.status == "timeout", result.stderr[-400:]
+
+
+def test_library_values_cross_the_sandbox(fleet):
+    """range, datetime, Decimal and Fraction both ways (stdlib only in the sandbox); numpy once the
+    sandbox can import it."""
+    program = ("import datetime, decimal, fractions\ndef shift(d, r, q, x):\n"
+               "    return d + datetime.timedelta(days=1), r[::-1], q * 2, x + decimal.Decimal('0.1')\n")
+    tests = ("import datetime, decimal, fractions\nd = datetime.datetime(2020, 2, 28, tzinfo=datetime.timezone.utc)\n"
+             "out = shift(d, range(5), fractions.Fraction(1, 3), decimal.Decimal('0.2'))\n"
+             "assert out == (datetime.datetime(2020, 2, 29, tzinfo=datetime.timezone.utc), range(4, -1, -1),"
+             " fractions.Fraction(2, 3), decimal.Decimal('0.3'))\n"
+             "assert type(out[0]) is datetime.datetime and str(out[3]) == '0.3'\n")
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-800:]
+    probe = run(fleet, "import numpy\n", "pass\n")
+    if not probe.passed:
+        pytest.skip(f"numpy is not importable in the sandbox: {probe.stderr.strip().splitlines()[-1][:200]}")
+    result = run(fleet, "import numpy as np\ndef scale(a, k):\n    return a * k, a.dtype.str, np.float32(k)\n",
+                 "import numpy as np\na = np.array([[1.5, np.nan], [-0.0, 2]])\nb, dtype, k = scale(a, 2)\n"
+                 "assert type(b) is np.ndarray and b.shape == (2, 2) and dtype == '<f8' and type(k) is np.float32\n"
+                 "np.testing.assert_array_equal(b, a * 2)\n")
+    assert result.passed, result.stderr[-800:]
