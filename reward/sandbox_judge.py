@@ -24,6 +24,7 @@ learns it.
 """
 
 import builtins
+import copy
 import importlib
 import operator
 import os
@@ -143,6 +144,8 @@ class Channel:
             raise
         except Exception as e:
             return {"op": "raise", "type": _builtin_name(e), "message": _text(e)}
+        if result is NotImplemented:
+            return {"op": "notimplemented"}
         try:
             return {"op": "ok", "result": to_wire(result, handle=self.lent.wire)}
         except (CodecError, RecursionError) as e:
@@ -222,7 +225,23 @@ def lent_exit(target, raised_type, message):
 # What the program may do with an object of the tests, each run here by the real built-in.
 BACK_OPS = {"call": lent_call, "getattr": lent_getattr, "setattr": lent_setattr, "iter": iter, "next": next,
             "len": len, "getitem": operator.getitem, "setitem": operator.setitem, "contains": operator.contains,
-            "bool": bool, "str": str, "repr": repr, "enter": lambda t: type(t).__enter__(t), "exit": lent_exit}
+            "bool": bool, "str": str, "repr": repr, "enter": lambda t: type(t).__enter__(t), "exit": lent_exit,
+            "hash": hash, "neg": operator.neg, "pos": operator.pos, "abs": abs, "int": int, "float": float,
+            "index": operator.index, "copy": copy.copy, "deepcopy": copy.deepcopy}
+
+
+def own_method(name):
+    """The tests' object's own binary method `name` (NotImplemented without one): Python's operator protocol
+    then runs in the program, which tries the other operand's method, as plain Python would."""
+    def run(target, other):
+        method = getattr(type(target), f"__{name}__", None)
+        return NotImplemented if method is None else method(target, other)
+    return run
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd",
+            "rsub", "rmul", "rtruediv", "rfloordiv", "rmod", "rpow"):
+    BACK_OPS[_op] = own_method(_op)
 
 
 def _builtin_name(exc):

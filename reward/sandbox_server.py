@@ -476,6 +476,8 @@ class JudgeLink:
                 return self.decode(msg.get("result"))
             elif kind == "stop" and fn == "next":
                 raise StopIteration
+            elif kind == "notimplemented":  # the tests' object has no such operator: Python tries the other
+                return NotImplemented
             elif kind == "raise":
                 cls = getattr(builtins, str(msg.get("type")), None)
                 if not (isinstance(cls, type) and issubclass(cls, Exception)) or issubclass(cls, StopIteration):
@@ -539,6 +541,22 @@ class Borrowed:
     def __exit__(self, kind, exc, tb):
         name = None if exc is None else builtin_exception(exc) if isinstance(exc, Exception) else "Exception"
         return self.__link.request("exit", (self, name, None if exc is None else _safe_str(exc)))
+
+
+def _borrowed_op(op):
+    def method(self, *args):
+        return self._Borrowed__link.request(op, (self, *args))
+    method.__name__ = f"__{op}__"
+    return method
+
+
+# Comparisons, hashing, arithmetic and copies run the tests' own methods, as in plain Python (the judge's
+# `BACK_OPS`); a reflected operator asks for the reflected operation.
+for _op in ("eq", "ne", "lt", "le", "gt", "ge", "hash", "neg", "pos", "abs", "int", "float", "index", "copy",
+            "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd", "rsub", "rmul",
+            "rtruediv", "rfloordiv", "rmod", "rpow"):
+    setattr(Borrowed, f"__{_op}__", _borrowed_op(_op))
+Borrowed.__deepcopy__ = lambda self, memo: self._Borrowed__link.request("deepcopy", (self,))
 
 
 def run_job(job, host, judge):

@@ -276,3 +276,23 @@ def test_library_values_cross_the_sandbox(fleet):
                  "assert type(b) is np.ndarray and b.shape == (2, 2) and dtype == '<f8' and type(k) is np.float32\n"
                  "np.testing.assert_array_equal(b, a * 2)\n")
     assert result.passed, result.stderr[-800:]
+
+
+def test_operators_on_the_tests_objects_run_their_own_methods(fleet):
+    """Comparisons, hashing, arithmetic and copies as in plain Python: the tests' own methods, else the
+    program's reflected one, else TypeError (never a loop between the two sides)."""
+    program = ("import copy, heapq\nclass P:\n    def __radd__(self, other):\n        return 'p'\n"
+               "def use(a, b):\n    h = [b, a]\n    heapq.heapify(h)\n"
+               "    return (h[0] is a, a == b, a != b, a < b, {a: 1}[a], a + 1, 2 * a, -a, int(a),\n"
+               "            copy.deepcopy(a) is a, copy.copy([a])[0] is a, a + P(), a == 1)\n"
+               "def add(x, y):\n    try:\n        return x + y\n    except TypeError:\n        return 'TypeError'\n")
+    tests = ("class V:\n    def __init__(self, v):\n        self.v = v\n"
+             "    def __eq__(self, o):\n        return isinstance(o, V) and o.v == self.v\n"
+             "    def __hash__(self):\n        return hash(self.v)\n    def __lt__(self, o):\n        return self.v < o.v\n"
+             "    def __add__(self, k):\n        return self.v + k if isinstance(k, int) else NotImplemented\n"
+             "    def __rmul__(self, k):\n        return self.v * k\n    def __neg__(self):\n        return -self.v\n"
+             "    def __int__(self):\n        return self.v\n"
+             "r = use(V(1), V(2))\nassert r == (True, False, True, True, 1, 2, 2, -1, 1, False, True, 'p', False), r\n"
+             "class T:\n    pass\nassert add(T(), T()) == 'TypeError' and add(T(), 1) == 'TypeError'\n")
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-800:]
