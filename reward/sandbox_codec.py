@@ -76,7 +76,7 @@ def to_wire(value, depth=0, budget=None, handle=None):
         return ["list", [to_wire(v, depth + 1, budget, handle) for v in value]]
     if kind is range:
         return ["range", to_wire(value.start), to_wire(value.stop), to_wire(value.step)]
-    if kind.__module__.partition(".")[0] in _VALUE_MODULES:
+    if kind not in _TYPE_NAMES and kind.__module__.partition(".")[0] in _VALUE_MODULES:
         wire = _value_to_wire(value, kind, depth, budget, handle)
         if wire is not None:
             return wire
@@ -212,9 +212,11 @@ def from_wire(obj, depth=0, budget=None, handle=None, ref=None):
 # The sender never imports: a value of a library's type exists only where the library is loaded. The receiver
 # imports the library when a value of it arrives, and says so (CodecUnavailable) when it cannot.
 
-_VALUE_MODULES = frozenset(("datetime", "decimal", "fractions", "numpy"))
+_VALUE_MODULES = frozenset(("datetime", "decimal", "fractions", "numpy", "pandas"))
+_PANDAS_TAGS = frozenset(("pd_dataframe", "pd_series", "pd_index", "pd_rangeindex", "pd_multiindex", "pd_categorical",
+                          "pd_timestamp", "pd_timedelta", "pd_nat", "pd_na"))
 _VALUE_TAGS = frozenset(("decimal", "fraction", "date", "time", "datetime", "timedelta", "ndarray", "ndarray_object",
-                         "npscalar"))
+                         "npscalar")) | _PANDAS_TAGS
 _ARRAY_KINDS = "biufcSUmM"  # bool, integers, floats, complex, bytes, str, timedelta64, datetime64
 _MAX_DIMS = 32
 
@@ -291,6 +293,8 @@ def _value_to_wire(value, kind, depth, budget, handle):
             return wire
         if issubclass(kind, np.generic) and value.dtype.kind in _ARRAY_KINDS:
             return ["npscalar", value.dtype.str, base64.b64encode(value.tobytes()).decode("ascii")]
+    if module == "pandas":
+        return _pandas_to_wire(value, kind, depth, budget, handle)
     return None
 
 
@@ -360,6 +364,8 @@ def _value_from_wire(tag, rest, depth, budget, handle, ref):
             if dtype.itemsize == 0:
                 return np.zeros(shape, dtype=dtype)
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        if tag in _PANDAS_TAGS:
+            return _pandas_from_wire(tag, rest, depth, budget, handle, ref)
         if tag == "ndarray_object" and len(rest) == 2:
             np = _library("numpy")
             shape, count = _shape(rest[0])
@@ -374,6 +380,159 @@ def _value_from_wire(tag, rest, depth, budget, handle, ref):
         if isinstance(e, CodecError):
             raise
         raise CodecError(f"bad {tag}: {str(e)[:100]}") from None
+    raise CodecError(f"bad {tag}")
+
+
+# pandas: a frame is its columns, each a column of values (`_column_wire`), with its index and column labels.
+# Extension dtypes cross when they are one of `_PANDAS_DTYPES` (by name, values element-wise) or categorical.
+_PANDAS_DTYPES = frozenset(("str", "string", "boolean", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16",
+                            "UInt32", "UInt64", "Float32", "Float64"))
+
+
+def _tz_wire(tz):
+    """A time zone by its IANA name when it has one, else by its fixed UTC offset."""
+    key = getattr(tz, "key", None) or getattr(tz, "zone", None)
+    return ["name", key] if isinstance(key, str) else ["offset", _offset(tz, None)]
+
+
+def _tz(wire):
+    if type(wire) is list and len(wire) == 2 and wire[0] == "name" and type(wire[1]) is str and len(wire[1]) < 100:
+        return wire[1]
+    if type(wire) is list and len(wire) == 2 and wire[0] == "offset":
+        return _tzinfo(wire[1])
+    raise CodecError("bad time zone")
+
+
+def _column_wire(pd, values, depth, budget, handle):
+    """The values of a Series, an Index or a frame's column, with their dtype, or None (not a value)."""
+    np = _library("numpy")
+    if type(values) is pd.arrays.NumpyExtensionArray:  # not its subclasses (StringArray)
+        values = values.to_numpy()
+    dtype = values.dtype
+    if isinstance(dtype, np.dtype):
+        wire = _array_wire(np, np.asarray(values))
+        if wire is not None and wire[0] == "ndarray_object":
+            wire[2] = [to_wire(v, depth + 1, budget, handle) for v in np.asarray(values).ravel().tolist()]
+        return wire
+    if isinstance(dtype, pd.CategoricalDtype):
+        categorical = pd.Categorical(values)
+        return ["pd_categorical", _pandas_to_wire(dtype.categories, type(dtype.categories), depth + 1, budget,
+                                                  handle), _array_wire(np, categorical.codes), dtype.ordered]
+    if isinstance(dtype, pd.DatetimeTZDtype):
+        utc = np.asarray(pd.Series(values).dt.tz_convert("UTC").dt.tz_localize(None))
+        return ["datetime_tz", _array_wire(np, utc), _tz_wire(dtype.tz)]
+    if str(dtype) in _PANDAS_DTYPES:
+        return ["extension", str(dtype), [to_wire(v, depth + 1, budget, handle)
+                                          for v in values.to_numpy(dtype=object).tolist()]]
+    return None
+
+
+def _column(pd, wire, depth, budget, handle, ref):
+    """Values for a Series, an Index or a frame's column (a numpy array or a pandas extension array)."""
+    if type(wire) is not list or not wire:
+        raise CodecError("bad column")
+    if wire[0] in ("ndarray", "ndarray_object"):
+        return from_wire(wire, depth + 1, budget, handle, ref)
+    if wire[0] == "pd_categorical":
+        return from_wire(wire, depth + 1, budget, handle, ref)
+    if wire[0] == "datetime_tz" and len(wire) == 3:
+        utc = from_wire(wire[1], depth + 1, budget)
+        if getattr(utc, "dtype", None) is None or utc.dtype.kind != "M":
+            raise CodecError("bad column")
+        return pd.Series(utc).dt.tz_localize("UTC").dt.tz_convert(_tz(wire[2])).array
+    if wire[0] == "extension" and len(wire) == 3 and wire[1] in _PANDAS_DTYPES:
+        return pd.array(_items(wire[2], depth, budget, handle, ref), dtype=wire[1])
+    raise CodecError("bad column")
+
+
+def _pandas_to_wire(value, kind, depth, budget, handle):
+    pd = _library("pandas")
+    d = depth + 1
+    if kind is pd.DataFrame:
+        columns = [_column_wire(pd, value.iloc[:, i].array, d, budget, handle) for i in range(value.shape[1])]
+        labels = [_pandas_to_wire(i, type(i), d, budget, handle) for i in (value.columns, value.index)]
+        if None in columns or None in labels:
+            return None
+        return ["pd_dataframe", columns, *labels]
+    if kind is pd.Series:
+        column = _column_wire(pd, value.array, d, budget, handle)
+        index = _pandas_to_wire(value.index, type(value.index), d, budget, handle)
+        return None if column is None or index is None else \
+            ["pd_series", column, index, to_wire(value.name, d, budget, handle)]
+    if kind is pd.RangeIndex:
+        return ["pd_rangeindex", value.start, value.stop, value.step, to_wire(value.name, d, budget, handle)]
+    if kind is pd.MultiIndex:
+        levels = [_pandas_to_wire(level, type(level), d, budget, handle) for level in value.levels]
+        if None in levels:
+            return None
+        return ["pd_multiindex", levels, [_array_wire(_library("numpy"), codes) for codes in value.codes],
+                to_wire(list(value.names), d, budget, handle)]
+    if kind in (pd.Index, pd.DatetimeIndex, pd.TimedeltaIndex, pd.CategoricalIndex):
+        column = _column_wire(pd, value.array, d, budget, handle)
+        freq = getattr(value, "freqstr", None)
+        return None if column is None else ["pd_index", column, to_wire(value.name, d, budget, handle), freq]
+    if kind is pd.Categorical:
+        return _column_wire(pd, value, depth, budget, handle)
+    if kind is pd.Timestamp:
+        utc = value.tz_convert("UTC").tz_localize(None) if value.tz is not None else value
+        return ["pd_timestamp", to_wire(utc.to_datetime64()), None if value.tz is None else _tz_wire(value.tz)]
+    if kind is pd.Timedelta:
+        return ["pd_timedelta", to_wire(value.to_timedelta64())]
+    if value is pd.NaT:
+        return ["pd_nat"]
+    if value is pd.NA:
+        return ["pd_na"]
+    return None
+
+
+def _numpy_scalar(wire, kind, depth, budget):
+    value = from_wire(wire, depth, budget)
+    if getattr(value, "dtype", None) is None or value.dtype.kind != kind or getattr(value, "shape", None) != ():
+        raise CodecError("bad numpy scalar")
+    return value
+
+
+def _pandas_from_wire(tag, rest, depth, budget, handle, ref):
+    pd = _library("pandas")
+    d = depth + 1
+    if tag == "pd_nat" and not rest:
+        return pd.NaT
+    if tag == "pd_na" and not rest:
+        return pd.NA
+    if tag == "pd_timestamp" and len(rest) == 2:
+        stamp = pd.Timestamp(_numpy_scalar(rest[0], "M", d, budget))
+        return stamp if rest[1] is None else stamp.tz_localize("UTC").tz_convert(_tz(rest[1]))
+    if tag == "pd_timedelta" and len(rest) == 1:
+        return pd.Timedelta(_numpy_scalar(rest[0], "m", d, budget))
+    if tag == "pd_categorical" and len(rest) == 3 and type(rest[2]) is bool:
+        categories = from_wire(rest[0], d, budget, handle, ref)
+        return pd.Categorical.from_codes(from_wire(rest[1], d, budget),
+                                         dtype=pd.CategoricalDtype(categories, ordered=rest[2]))
+    if tag == "pd_rangeindex" and len(rest) == 4 and all(type(v) is int for v in rest[:3]):
+        return pd.RangeIndex(rest[0], rest[1], rest[2], name=from_wire(rest[3], d, budget, handle, ref))
+    if tag == "pd_multiindex" and len(rest) == 3 and type(rest[0]) is list and type(rest[1]) is list:
+        return pd.MultiIndex(levels=_items(rest[0], depth, budget, handle, ref),
+                             codes=_items(rest[1], depth, budget, None), names=from_wire(rest[2], d, budget, handle, ref))
+    if tag == "pd_index" and len(rest) == 3 and type(rest[2]) in (str, type(None)):
+        values = _column(pd, rest[0], depth, budget, handle, ref)
+        name = from_wire(rest[1], d, budget, handle, ref)
+        if rest[2] is not None:
+            maker = pd.DatetimeIndex if values.dtype.kind == "M" else pd.TimedeltaIndex
+            return maker(values, freq=rest[2], name=name)
+        return pd.Index(values, dtype=values.dtype, name=name, copy=True)
+    if tag == "pd_series" and len(rest) == 3:
+        values = _column(pd, rest[0], depth, budget, handle, ref)
+        return pd.Series(values, index=from_wire(rest[1], d, budget, handle, ref), dtype=values.dtype,
+                         name=from_wire(rest[2], d, budget, handle, ref), copy=True)
+    if tag == "pd_dataframe" and len(rest) == 3 and type(rest[0]) is list:
+        columns = [_column(pd, c, depth, budget, handle, ref) for c in rest[0]]
+        labels, index = (from_wire(v, d, budget, handle, ref) for v in rest[1:])
+        if len(labels) != len(columns) or any(len(c) != len(index) for c in columns):
+            raise CodecError("bad data frame")
+        frame = pd.concat([pd.Series(c, index=index, dtype=c.dtype, copy=True) for c in columns], axis=1) \
+            if columns else pd.DataFrame(index=index)
+        frame.columns = labels
+        return frame
     raise CodecError(f"bad {tag}")
 
 

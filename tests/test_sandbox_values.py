@@ -18,7 +18,9 @@ import zoneinfo
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+from pandas.testing import assert_frame_equal, assert_index_equal, assert_series_equal
 
 from jaxrl.cli import main
 from reward.fleet import Fleet
@@ -139,6 +141,64 @@ def test_object_arrays_obey_the_depth_limit():
     array[0] = nested
     with pytest.raises(CodecError):
         encode(array)
+
+
+def _pandas_values() -> list:
+    frame = pd.DataFrame({"i": [1, 2, 3], "f": [1.5, np.nan, -0.0], "s": ["x", None, "z"],
+                          "o": np.array([1, "a", None], dtype=object), "c": pd.Categorical(["u", "v", "u"], ordered=True),
+                          "tz": pd.date_range("2020", periods=3, tz="Europe/Paris"), "n": pd.array([1, None, 3], dtype="Int64"),
+                          "d": pd.to_datetime(["2020-01-01", None, "2021-01-01"]), "td": pd.to_timedelta([1, 2, 3], unit="s"),
+                          "b": [True, False, True]}, index=pd.Index([10, 20, 10], name="k"))
+    return [frame, frame.set_index(["i", "s"]), frame["f"], frame.index, pd.RangeIndex(2, 10, 3, name="r"),
+            pd.date_range("2020", periods=4, freq="h"), pd.CategoricalIndex(["a", "b", "a"]), pd.DataFrame(),
+            pd.DataFrame({("x", 1): [1], ("x", 2): [2]}), pd.Series([], dtype=float), pd.Series(["a"], dtype="string"),
+            pd.DataFrame([[1, 2]], columns=["a", "a"])]
+
+
+@pytest.mark.parametrize("value", _pandas_values(), ids=lambda v: type(v).__name__)
+def test_pandas_values_round_trip_with_their_dtypes_index_and_names(value):
+    back = decode(encode(value))
+    assert type(back) is type(value)
+    if isinstance(value, pd.DataFrame):
+        assert_frame_equal(back, value, check_exact=True, check_freq=True, check_flags=True)
+    elif isinstance(value, pd.Series):
+        assert_series_equal(back, value, check_exact=True, check_freq=True)
+    else:
+        assert_index_equal(back, value, exact=True, check_exact=True)
+        assert getattr(back, "freq", None) == getattr(value, "freq", None)
+    assert back.equals(value)
+
+
+def test_pandas_scalars_round_trip():
+    for value in (pd.Timestamp("2020-03-01 12:00:00.000000001", tz="US/Eastern"), pd.Timestamp("2020-01-01"),
+                  pd.Timestamp("2020-01-01", tz=dt.timezone(dt.timedelta(hours=3))), pd.Timedelta("1 days 00:00:00.000001")):
+        back = decode(encode(value))
+        assert type(back) is type(value) and back == value and back.unit == value.unit
+        assert str(getattr(back, "tz", None)) == str(getattr(value, "tz", None))
+    assert decode(encode(pd.NaT)) is pd.NaT and decode(encode([pd.NA])) == [pd.NA]
+    categorical = pd.Categorical(["a", "b", "a"], categories=["b", "a"])
+    back = decode(encode(categorical))
+    assert type(back) is pd.Categorical and list(back) == list(categorical) and back.dtype == categorical.dtype
+
+
+def test_other_pandas_objects_are_not_values():
+    class Frame(pd.DataFrame):
+        pass
+    for value in (Frame({"a": [1]}), pd.Series(pd.period_range("2020", periods=2, freq="D")),
+                  pd.DataFrame({"a": [object()]}), pd.Series(pd.arrays.SparseArray([0, 1]))):
+        wire = to_wire(value, handle=lambda v: ["handle", 0])
+        assert wire == ["handle", 0] or value.dtypes.iloc[0] == object, (type(value), wire)
+
+
+@pytest.mark.parametrize("wire", [
+    ["pd_dataframe", [["ndarray", "<i8", [2], "AQAAAAAAAAACAAAAAAAAAA=="]], ["pd_rangeindex", 0, 1, 1, None],
+     ["pd_rangeindex", 0, 1, 1, None]],
+    ["pd_series", ["extension", "period[D]", []], ["pd_rangeindex", 0, 0, 1, None], None],
+    ["pd_index", ["datetime_tz", ["ndarray", "<i8", [0], ""], ["name", "UTC"]], None, None],
+    ["pd_timestamp", 5, None], ["pd_rangeindex", 0, 1, 0, None], ["pd_nat", 1]])
+def test_malformed_pandas_values_are_codec_errors(wire):
+    with pytest.raises(CodecError):
+        from_wire(wire)
 
 
 def test_the_codec_works_in_a_bare_interpreter_without_numpy():
