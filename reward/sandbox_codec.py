@@ -4,7 +4,7 @@ Stdlib only and free of `from __future__`: this source is also prepended to the
 sandbox servers' sources, which run in a bare interpreter (`python -I -S -c`).
 
 Only None, bool, int, float (inf and nan included), complex, str, bytes,
-bytearray, list, tuple, dict, set and frozenset (and those built-in types
+bytearray, list, tuple, dict, set, frozenset and range (and those built-in types
 themselves, with `object` and `type`, by name) cross, nested at most
 `MAX_DEPTH` deep, at most `MAX_ITEMS` values and `MAX_BYTES` bytes per message.
 JSON null, booleans, integers of at most 63 bits and strings stand for
@@ -14,10 +14,16 @@ themselves; every other value is a JSON list whose first element names its type
 crosses as its base type, so the receiver only ever builds built-in values:
 no pickle, no marshal, no object whose methods the sender chose.
 
-Where a side passes `handle`, values that are not plain data cross as
-`["handle", <number>]` instead of being refused: the program's side numbers its
-objects (they stay in its process), the judge's side turns numbers into
-proxies (docs/sandbox.md, "Objects of the program").
+Values of `datetime`, `decimal`, `fractions`, numpy and pandas cross too, by
+exact type (`_value_to_wire`): the receiver rebuilds them with its own library,
+imported only when such a value arrives (docs/sandbox.md, "Values of libraries").
+
+Where a side passes `handle`, values that are not plain data go to it instead of
+being refused: the program's side sends `["handle", <number>]` for its objects
+(they stay in its process), the judge's side `["ref", <number>]` for the tests'
+objects (they stay in the judge), and each side turns the other's numbers into
+proxies (`from_wire`'s `handle` and `ref`; docs/sandbox.md, "Objects of the
+program" and "Objects of the tests").
 
 Frames on a stream socket are a 4-byte big-endian length and a UTF-8 JSON object.
 """

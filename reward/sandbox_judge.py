@@ -18,7 +18,11 @@ type and message). A broken rule (a malformed or oversized reply, the program
 gone) raises `ProxyError`, which is not an `Exception`, so no test's `except`
 clause mistakes it for an expected error, and the channel remembers it: the run
 is then `error` even if a bare `except:` swallowed it. A value of the tests'
-own that cannot cross (a callback) makes the run `unverifiable`. The outcome
+own that is not plain data (a callback, a generator, a file) is lent to the
+program by reference (`Lent`): the program's uses of it come back as requests,
+answered here while the judge waits for its own reply, limited to `BACK_OPS`
+and to public attributes. One that is never lent (a module) makes the run
+`unverifiable`. The outcome
 (pass, fail, error, unverifiable) goes straight to the host; the program never
 learns it.
 """

@@ -23,7 +23,9 @@ An `assert` run in `proxy` mode executes the program and then serves calls from
 the judge (`reward/sandbox_judge.py`) over its socket: an operation (a call, an
 attribute, `len`, `==`, ...) on arguments of plain data and handles in; a
 result, the mutated arguments and any exception out. Objects that are not
-plain data stay here and cross as handles. It never sees the tests. An `io` run is a script with the case's stdin; its stdout goes to a
+plain data stay here and cross as handles. The tests' own objects arrive as
+`Borrowed` proxies, whose uses are requests to the judge (`JudgeLink`). It
+never sees the tests. An `io` run is a script with the case's stdin; its stdout goes to a
 descriptor the host reads and compares.
 """
 
