@@ -12,8 +12,10 @@ import datetime as dt
 import decimal
 import fractions
 import json
+import socket
 import subprocess
 import sys
+import threading
 import zoneinfo
 from pathlib import Path
 
@@ -356,3 +358,46 @@ def test_operators_on_the_tests_objects_run_their_own_methods(fleet):
              "class T:\n    pass\nassert add(T(), T()) == 'TypeError' and add(T(), 1) == 'TypeError'\n")
     result = run(fleet, program, tests)
     assert result.passed, result.stderr[-800:]
+
+
+def _host_pair(program: str):
+    """The judge's `Channel` and the run process's `serve_calls` over a socket pair in this process (numpy and
+    pandas importable on both ends, unlike in the sandbox today): the tests' namespace, and a function that
+    ends the conversation."""
+    from reward.sandbox import JUDGE_SOURCE, ZYGOTE_SOURCE
+    server, judge = {"__name__": "values_server"}, {"__name__": "values_judge"}
+    exec(compile(ZYGOTE_SOURCE, "sandbox_server", "exec"), server)
+    exec(compile(JUDGE_SOURCE, "sandbox_judge", "exec"), judge)
+    program_side, judge_side = socket.socketpair()
+    namespace: dict = {"__name__": "__main__"}
+    exec(program, namespace)
+    handles = server["Handles"]()
+    names = json.loads(json.dumps(server["describe_names"](namespace, handles)))
+    thread = threading.Thread(target=server["serve_calls"], args=(program_side, server["JudgeLink"](program_side, handles)))
+    thread.start()
+    channel = judge["Channel"](judge_side)
+
+    def close():
+        judge["send_frame"](judge_side, {"op": "exit"})
+        thread.join(10)
+        program_side.close()
+        judge_side.close()
+        assert channel.failure is None, channel.failure
+    return judge["bind_names"](names, channel), close
+
+
+def test_numpy_and_pandas_values_cross_both_ways_through_the_channel():
+    program = ("import numpy as np\nimport pandas as pd\n"
+               "def summary(df, key):\n    out = df.assign(total=df['a'] + df['b'])\n"
+               "    return out, out['total'].map(key), np.asarray(out['total']), out.index\n")
+    tests, close = _host_pair(program)
+    try:
+        frame = pd.DataFrame({"a": [1.0, np.nan, 3.0], "b": [1.0, 2.0, -0.0]}, index=pd.Index(["x", "y", "z"], name="k"))
+        out, keyed, totals, index = tests["summary"](frame, lambda v: f"<{v}>")
+        expected = frame.assign(total=frame["a"] + frame["b"])
+        assert_frame_equal(out, expected, check_exact=True) and out.equals(expected)
+        assert_series_equal(keyed, expected["total"].map(lambda v: f"<{v}>"))
+        assert type(totals) is np.ndarray and totals.tobytes() == expected["total"].to_numpy().tobytes()
+        assert_index_equal(index, frame.index, exact=True)
+    finally:
+        close()
