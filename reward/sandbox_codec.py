@@ -517,8 +517,8 @@ def _pandas_from_wire(tag, rest, depth, budget, handle, ref):
     if tag == "pd_rangeindex" and len(rest) == 4 and all(type(v) is int for v in rest[:3]):
         return pd.RangeIndex(rest[0], rest[1], rest[2], name=from_wire(rest[3], d, budget, handle, ref))
     if tag == "pd_multiindex" and len(rest) == 3 and type(rest[0]) is list and type(rest[1]) is list:
-        return pd.MultiIndex(levels=_items(rest[0], depth, budget, handle, ref),
-                             codes=_items(rest[1], depth, budget, None), names=from_wire(rest[2], d, budget, handle, ref))
+        levels, codes = _items(rest[0], depth, budget, handle, ref), _items(rest[1], depth, budget, None)
+        return pd.MultiIndex(levels=levels, codes=codes, names=from_wire(rest[2], d, budget, handle, ref))
     if tag == "pd_index" and len(rest) == 3 and type(rest[2]) in (str, type(None)):
         values = _column(pd, rest[0], depth, budget, handle, ref)
         name = from_wire(rest[1], d, budget, handle, ref)

@@ -89,7 +89,8 @@ class Channel:
         self.calls += 1
         kwargs = kwargs or {}
         try:
-            wire_args, wire_kwargs = to_wire(list(args), handle=self.lent.wire), to_wire(dict(kwargs), handle=self.lent.wire)
+            wire_args = to_wire(list(args), handle=self.lent.wire)
+            wire_kwargs = to_wire(dict(kwargs), handle=self.lent.wire)
         except (CodecError, RecursionError) as e:
             raise self.fail(Unverifiable(f"the tests pass the program a value that cannot cross ({op}): {e}")) from None
         reply = self.request({"op": "call", "fn": op, "args": wire_args, "kwargs": wire_kwargs})
@@ -102,7 +103,7 @@ class Channel:
                 copy_back(args, reply.get("args"), range(len(args)), self.handle, self.lent.get)
                 copy_back(kwargs, reply.get("kwargs"), kwargs.keys(), self.handle, self.lent.get)
             except CodecUnavailable as e:
-                raise self.fail(Unverifiable(f"the reply to {op} holds a value this side cannot rebuild: {e}")) from None
+                raise self.fail(Unverifiable(f"the reply to {op} holds a value the judge cannot build: {e}")) from None
             except (CodecError, RecursionError, TypeError, ValueError) as e:
                 raise self.fail(ProxyError(f"malformed reply to {op}: {e}")) from None
             return result
@@ -153,7 +154,7 @@ class Channel:
         try:
             return {"op": "ok", "result": to_wire(result, handle=self.lent.wire)}
         except (CodecError, RecursionError) as e:
-            return {"op": "raise", "type": "TypeError", "message": f"{msg['fn']} returned a value that is not lent: {e}"}
+            return {"op": "raise", "type": "TypeError", "message": f"{msg['fn']} returned a value never lent: {e}"}
 
 
 class Lent:

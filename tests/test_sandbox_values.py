@@ -147,10 +147,13 @@ def test_object_arrays_obey_the_depth_limit():
 
 def _pandas_values() -> list:
     frame = pd.DataFrame({"i": [1, 2, 3], "f": [1.5, np.nan, -0.0], "s": ["x", None, "z"],
-                          "o": np.array([1, "a", None], dtype=object), "c": pd.Categorical(["u", "v", "u"], ordered=True),
-                          "tz": pd.date_range("2020", periods=3, tz="Europe/Paris"), "n": pd.array([1, None, 3], dtype="Int64"),
-                          "d": pd.to_datetime(["2020-01-01", None, "2021-01-01"]), "td": pd.to_timedelta([1, 2, 3], unit="s"),
-                          "b": [True, False, True]}, index=pd.Index([10, 20, 10], name="k"))
+                          "o": np.array([1, "a", None], dtype=object),
+                          "c": pd.Categorical(["u", "v", "u"], ordered=True),
+                          "tz": pd.date_range("2020", periods=3, tz="Europe/Paris"),
+                          "n": pd.array([1, None, 3], dtype="Int64"),
+                          "d": pd.to_datetime(["2020-01-01", None, "2021-01-01"]),
+                          "td": pd.to_timedelta([1, 2, 3], unit="s"), "b": [True, False, True]},
+                         index=pd.Index([10, 20, 10], name="k"))
     return [frame, frame.set_index(["i", "s"]), frame["f"], frame.index, pd.RangeIndex(2, 10, 3, name="r"),
             pd.date_range("2020", periods=4, freq="h"), pd.CategoricalIndex(["a", "b", "a"]), pd.DataFrame(),
             pd.DataFrame({("x", 1): [1], ("x", 2): [2]}), pd.Series([], dtype=float), pd.Series(["a"], dtype="string"),
@@ -173,7 +176,8 @@ def test_pandas_values_round_trip_with_their_dtypes_index_and_names(value):
 
 def test_pandas_scalars_round_trip():
     for value in (pd.Timestamp("2020-03-01 12:00:00.000000001", tz="US/Eastern"), pd.Timestamp("2020-01-01"),
-                  pd.Timestamp("2020-01-01", tz=dt.timezone(dt.timedelta(hours=3))), pd.Timedelta("1 days 00:00:00.000001")):
+                  pd.Timestamp("2020-01-01", tz=dt.timezone(dt.timedelta(hours=3))),
+                  pd.Timedelta("1 days 00:00:00.000001")):
         back = decode(encode(value))
         assert type(back) is type(value) and back == value and back.unit == value.unit
         assert str(getattr(back, "tz", None)) == str(getattr(value, "tz", None))
@@ -350,7 +354,8 @@ def test_operators_on_the_tests_objects_run_their_own_methods(fleet):
                "def add(x, y):\n    try:\n        return x + y\n    except TypeError:\n        return 'TypeError'\n")
     tests = ("class V:\n    def __init__(self, v):\n        self.v = v\n"
              "    def __eq__(self, o):\n        return isinstance(o, V) and o.v == self.v\n"
-             "    def __hash__(self):\n        return hash(self.v)\n    def __lt__(self, o):\n        return self.v < o.v\n"
+             "    def __hash__(self):\n        return hash(self.v)\n"
+             "    def __lt__(self, o):\n        return self.v < o.v\n"
              "    def __add__(self, k):\n        return self.v + k if isinstance(k, int) else NotImplemented\n"
              "    def __rmul__(self, k):\n        return self.v * k\n    def __neg__(self):\n        return -self.v\n"
              "    def __int__(self):\n        return self.v\n"
@@ -373,7 +378,8 @@ def _host_pair(program: str):
     exec(program, namespace)
     handles = server["Handles"]()
     names = json.loads(json.dumps(server["describe_names"](namespace, handles)))
-    thread = threading.Thread(target=server["serve_calls"], args=(program_side, server["JudgeLink"](program_side, handles)))
+    link = server["JudgeLink"](program_side, handles)
+    thread = threading.Thread(target=server["serve_calls"], args=(program_side, link))
     thread.start()
     channel = judge["Channel"](judge_side)
 
@@ -392,7 +398,8 @@ def test_numpy_and_pandas_values_cross_both_ways_through_the_channel():
                "    return out, out['total'].map(key), np.asarray(out['total']), out.index\n")
     tests, close = _host_pair(program)
     try:
-        frame = pd.DataFrame({"a": [1.0, np.nan, 3.0], "b": [1.0, 2.0, -0.0]}, index=pd.Index(["x", "y", "z"], name="k"))
+        frame = pd.DataFrame({"a": [1.0, np.nan, 3.0], "b": [1.0, 2.0, -0.0]},
+                             index=pd.Index(["x", "y", "z"], name="k"))
         out, keyed, totals, index = tests["summary"](frame, lambda v: f"<{v}>")
         expected = frame.assign(total=frame["a"] + frame["b"])
         assert_frame_equal(out, expected, check_exact=True) and out.equals(expected)
