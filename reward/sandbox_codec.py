@@ -118,6 +118,10 @@ def to_wire(value, depth=0, budget=None, handle=None):
         return ["set", [to_wire(v, d, budget, handle) for v in set.__iter__(value)]]
     if kind is type and value in _TYPE_NAMES:
         return ["type", _TYPE_NAMES[value]]
+    if kind is slice:
+        return ["slice", to_wire(value.start, d, budget), to_wire(value.stop, d, budget), to_wire(value.step, d, budget)]
+    if value is Ellipsis or value is NotImplemented:
+        return ["constant", repr(value)]
     if handle is not None:
         return handle(value)
     raise CodecError(f"a value of type {type(value).__name__} is not plain data")
@@ -187,6 +191,10 @@ def from_wire(obj, depth=0, budget=None, handle=None, ref=None):
             if type(rest[0]) is not int or not 0 <= rest[0] < MAX_ITEMS:
                 raise CodecError("bad reference")
             return ref(rest[0])
+        if tag == "slice" and len(rest) == 3:
+            return slice(*(from_wire(v, depth + 1, budget) for v in rest))
+        if tag == "constant" and rest in (["Ellipsis"], ["NotImplemented"]):
+            return Ellipsis if rest[0] == "Ellipsis" else NotImplemented
         if tag == "range" and len(rest) == 3:
             start, stop, step = (from_wire(v, depth + 1, budget) for v in rest)
             if not all(type(v) is int for v in (start, stop, step)) or step == 0:
@@ -218,10 +226,10 @@ def from_wire(obj, depth=0, budget=None, handle=None, ref=None):
 # The sender never imports: a value of a library's type exists only where the library is loaded. The receiver
 # imports the library when a value of it arrives, and says so (CodecUnavailable) when it cannot.
 
-_VALUE_MODULES = frozenset(("datetime", "decimal", "fractions", "numpy", "pandas"))
+_VALUE_MODULES = frozenset(("collections", "datetime", "decimal", "fractions", "numpy", "pandas"))
 _PANDAS_TAGS = frozenset(("pd_dataframe", "pd_series", "pd_index", "pd_rangeindex", "pd_multiindex", "pd_categorical",
                           "pd_timestamp", "pd_timedelta", "pd_nat", "pd_na"))
-_VALUE_TAGS = frozenset(("decimal", "fraction", "date", "time", "datetime", "timedelta", "ndarray", "ndarray_object",
+_VALUE_TAGS = frozenset(("ordereddict", "counter", "defaultdict", "deque", "decimal", "fraction", "date", "time", "datetime", "timedelta", "ndarray", "ndarray_object",
                          "npscalar")) | _PANDAS_TAGS
 _ARRAY_KINDS = "biufcSUmM"  # bool, integers, floats, complex, bytes, str, timedelta64, datetime64
 _MAX_DIMS = 32
@@ -273,6 +281,19 @@ def _array_wire(np, array):
 def _value_to_wire(value, kind, depth, budget, handle):
     """The wire form of a library value of exact type `kind`, or None when it has none (it is then a handle)."""
     module = kind.__module__.partition(".")[0]
+    if module == "collections":
+        collections = _library("collections")
+        if kind in (collections.OrderedDict, collections.Counter) or kind is collections.defaultdict and (
+                value.default_factory is None or value.default_factory in _TYPE_NAMES):
+            pairs = [[to_wire(k, depth + 1, budget, handle), to_wire(v, depth + 1, budget, handle)]
+                     for k, v in dict.items(value)]
+            if kind is collections.defaultdict:
+                factory = value.default_factory
+                return ["defaultdict", None if factory is None else _TYPE_NAMES[factory], pairs]
+            return ["ordereddict" if kind is collections.OrderedDict else "counter", pairs]
+        if kind is collections.deque:
+            return ["deque", [to_wire(v, depth + 1, budget, handle) for v in value], value.maxlen]
+        return None
     if module == "decimal" and kind.__name__ == "Decimal":
         return ["decimal", str(value)]
     if module == "fractions" and kind.__name__ == "Fraction":
@@ -330,9 +351,30 @@ def _shape(wire):
     return tuple(wire), count
 
 
+def _collection(tag, rest, depth, budget, handle, ref):
+    collections = _library("collections")
+    if tag == "deque" and len(rest) == 2 and (rest[1] is None or type(rest[1]) is int and rest[1] >= 0):
+        return collections.deque(_items(rest[0], depth, budget, handle, ref), rest[1])
+    if tag == "defaultdict" and len(rest) == 2 and (rest[0] is None or rest[0] in _TYPES):
+        pairs = from_wire(["dict", rest[1]], depth, budget, handle, ref)
+        return collections.defaultdict(None if rest[0] is None else _TYPES[rest[0]], pairs)
+    if tag in ("ordereddict", "counter") and len(rest) == 1:
+        pairs = from_wire(["list", [["tuple", [k, v]] for k, v in _pairs(rest[0])]], depth, budget, handle, ref)
+        return collections.OrderedDict(pairs) if tag == "ordereddict" else collections.Counter(dict(pairs))
+    raise CodecError(f"bad {tag}")
+
+
+def _pairs(wire):
+    if type(wire) is not list or not all(type(p) is list and len(p) == 2 for p in wire):
+        raise CodecError("bad pairs")
+    return wire
+
+
 def _value_from_wire(tag, rest, depth, budget, handle, ref):
     """Rebuild a library value (`_value_to_wire`) with this side's own library."""
     try:
+        if tag in ("ordereddict", "counter", "defaultdict", "deque"):
+            return _collection(tag, rest, depth, budget, handle, ref)
         if tag == "decimal" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 1000:
             return _library("decimal").Decimal(rest[0])
         if tag == "fraction" and len(rest) == 2:

@@ -232,7 +232,8 @@ BACK_OPS = {"call": lent_call, "getattr": lent_getattr, "setattr": lent_setattr,
             "len": len, "getitem": operator.getitem, "setitem": operator.setitem, "contains": operator.contains,
             "bool": bool, "str": str, "repr": repr, "enter": lambda t: type(t).__enter__(t), "exit": lent_exit,
             "hash": hash, "neg": operator.neg, "pos": operator.pos, "abs": abs, "int": int, "float": float,
-            "index": operator.index, "copy": copy.copy, "deepcopy": copy.deepcopy}
+            "index": operator.index, "copy": copy.copy, "deepcopy": copy.deepcopy,
+            "instancecheck": lambda t, value: isinstance(value, t), "subclasscheck": lambda t, cls: issubclass(cls, t)}
 
 
 def own_method(name):

@@ -8,6 +8,7 @@ line; every solution passes and every bug fails in plain Python)."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import decimal
 import fractions
@@ -59,6 +60,8 @@ def _same(a, b) -> bool:
         if a.dtype.kind == "O":
             return all(_same(x, y) for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
         return a.tobytes() == b.tobytes()
+    if isinstance(a, collections.defaultdict) and a.default_factory is not b.default_factory:
+        return False
     if isinstance(a, (dt.datetime, dt.time)):
         return a == b and repr(a) == repr(b) and a.fold == b.fold
     return repr(a) == repr(b)
@@ -74,7 +77,11 @@ def _stdlib_values() -> list:
             dt.datetime(2020, 1, 1, 3, 4, 5, 6), dt.datetime(2021, 11, 7, 1, 30, fold=1),
             dt.datetime(2020, 6, 1, tzinfo=dt.timezone.utc), dt.datetime(2020, 6, 1, tzinfo=named),
             dt.datetime(2020, 6, 1, tzinfo=dt.timezone(dt.timedelta(hours=-7))),
-            dt.timedelta(days=-1, seconds=5, microseconds=6), dt.timedelta.max]
+            dt.timedelta(days=-1, seconds=5, microseconds=6), dt.timedelta.max,
+            slice(1, None, -1), slice(None), Ellipsis, NotImplemented,
+            collections.OrderedDict([("b", 1), ("a", [2])]), collections.Counter("abracadabra"),
+            collections.Counter({"x": -2}), collections.defaultdict(list, {1: [2]}), collections.defaultdict(None),
+            collections.deque([1, (2, 3)], maxlen=3), collections.deque()]
 
 
 def _numpy_values() -> list:
@@ -129,7 +136,8 @@ def test_subclasses_of_library_types_are_not_values():
     ["ndarray_object", [2], [1]], ["decimal", "x" * 2000], ["decimal", "1e"], ["fraction", 1, 0],
     ["fraction", ["float", "1.0"], 2], ["date", [2020, 13, 1]], ["datetime", [2020, 1, 1, 0, 0, 0, 0, 2], None],
     ["time", [0, 0, 0, 0, 0], [86400 * 1_000_000, None]], ["timedelta", [10**12, 0, 0]], ["range", 0, 1, 0],
-    ["range", 0, ["float", "1.0"], 1], ["date", [2020, 1]]])
+    ["range", 0, ["float", "1.0"], 1], ["date", [2020, 1]], ["deque", [], -1], ["defaultdict", "len", []],
+    ["counter", [[1]]], ["constant", "print"], ["slice", 1, 2]])
 def test_malformed_library_values_are_codec_errors(wire):
     with pytest.raises(CodecError):
         from_wire(wire)
@@ -312,6 +320,18 @@ def test_calls_nest_both_ways_and_identity_holds_both_ways(fleet):
              "o = object.__new__(type('T', (), {}))\nassert same(o, o) and not same(o, [])\nassert echo(o) is o\n"
              "assert roundtrip(lambda p: p) is True\n"
              "def bad():\n    raise ValueError('no')\nassert safe(bad) == 'caught no'\n")
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-800:]
+
+
+def test_slices_classes_generators_and_containers_of_the_tests_work_in_the_program(fleet):
+    program = ("import collections\ndef f(xs, s, cls, obj, gen, counts, queue):\n"
+               "    return (xs[s], isinstance(obj, cls), isinstance(3, cls), list(gen), counts.most_common(1),\n"
+               "            queue.maxlen, collections.deque([1]))\n")
+    tests = ("import collections\nclass K:\n    pass\n"
+             "r = f([1, 2, 3, 4], slice(1, None, 2), K, K(), (i for i in range(3)), collections.Counter('aab'),"
+             " collections.deque([1], 4))\n"
+             "assert r == ([2, 4], True, False, [0, 1, 2], [('a', 2)], 4, collections.deque([1])), r\n")
     result = run(fleet, program, tests)
     assert result.passed, result.stderr[-800:]
 
