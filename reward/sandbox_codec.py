@@ -584,6 +584,55 @@ def _pandas_from_wire(tag, rest, depth, budget, handle, ref):
     raise CodecError(f"bad {tag}")
 
 
+# ---- arguments a call mutated, copied back into the caller's objects (both directions) -----------------------
+
+MUTABLE = (list, dict, set, bytearray)
+
+
+def mutated(args, kwargs, encode, skip=0):
+    """The wire forms of the mutable arguments of a call (from position `skip`), for the caller's `copy_back`."""
+    return ([[i, encode(a)] for i, a in enumerate(args) if i >= skip and type(a) in MUTABLE],
+            [[k, encode(v)] for k, v in kwargs.items() if type(v) in MUTABLE])
+
+
+def copy_back(target, changes, keys, handle, ref=None):
+    """Apply the other side's mutated copies of arguments to the originals, in place."""
+    if not isinstance(changes, list):
+        raise ValueError("bad copy-back list")
+    allowed = set(keys)
+    for item in changes:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str) and item[0] in allowed):
+            raise ValueError("bad copy-back entry")
+        sync(target[item[0]], from_wire(item[1], handle=handle, ref=ref))
+
+
+def sync(orig, new):
+    """Make `orig` equal `new` in place, keeping nested lists and dicts the test may hold."""
+    if type(orig) is not type(new):
+        return
+    if type(orig) is list:
+        for i in range(min(len(orig), len(new))):
+            if type(orig[i]) in (list, dict) and type(new[i]) is type(orig[i]):
+                sync(orig[i], new[i])
+            else:
+                orig[i] = new[i]
+        del orig[len(new):]
+        orig.extend(new[len(orig):])
+    elif type(orig) is dict:
+        for key in [k for k in orig if k not in new]:
+            del orig[key]
+        for key, value in new.items():
+            if key in orig and type(orig[key]) in (list, dict) and type(value) is type(orig[key]):
+                sync(orig[key], value)
+            else:
+                orig[key] = value
+    elif type(orig) is set:
+        orig.clear()
+        orig.update(new)
+    elif type(orig) is bytearray:
+        orig[:] = new
+
+
 def encode(value):
     """Wire form of a plain-data value as JSON text."""
     return _ENCODER.encode(to_wire(value))

@@ -152,7 +152,8 @@ class Channel:
         if result is NotImplemented:
             return {"op": "notimplemented"}
         try:
-            return {"op": "ok", "result": to_wire(result, handle=self.lent.wire)}
+            changed, changed_kw = mutated(args, kwargs, lambda v: to_wire(v, handle=self.lent.wire), skip=1)
+            return {"op": "ok", "result": to_wire(result, handle=self.lent.wire), "args": changed, "kwargs": changed_kw}
         except (CodecError, RecursionError) as e:
             return {"op": "raise", "type": "TypeError", "message": f"{msg['fn']} returned a value never lent: {e}"}
 
@@ -337,44 +338,6 @@ for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift
         setattr(Handle, f"__i{_op}__", _forward("i" + _op))
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Handle, f"__{_op}__", _compare(_op))
-
-
-def copy_back(target, changes, keys, handle, ref=None):
-    """Apply the program's mutated copies of arguments to the originals, in place."""
-    if not isinstance(changes, list):
-        raise ValueError("bad copy-back list")
-    allowed = set(keys)
-    for item in changes:
-        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str) and item[0] in allowed):
-            raise ValueError("bad copy-back entry")
-        sync(target[item[0]], from_wire(item[1], handle=handle, ref=ref))
-
-
-def sync(orig, new):
-    """Make `orig` equal `new` in place, keeping nested lists and dicts the test may hold."""
-    if type(orig) is not type(new):
-        return
-    if type(orig) is list:
-        for i in range(min(len(orig), len(new))):
-            if type(orig[i]) in (list, dict) and type(new[i]) is type(orig[i]):
-                sync(orig[i], new[i])
-            else:
-                orig[i] = new[i]
-        del orig[len(new):]
-        orig.extend(new[len(orig):])
-    elif type(orig) is dict:
-        for key in [k for k in orig if k not in new]:
-            del orig[key]
-        for key, value in new.items():
-            if key in orig and type(orig[key]) in (list, dict) and type(value) is type(orig[key]):
-                sync(orig[key], value)
-            else:
-                orig[key] = value
-    elif type(orig) is set:
-        orig.clear()
-        orig.update(new)
-    elif type(orig) is bytearray:
-        orig[:] = new
 
 
 def rebuild_exception(name, message):

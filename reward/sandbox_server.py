@@ -57,7 +57,6 @@ SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PR_SET_SECCOMP = 38, 36, 1, 22
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
-MUTABLE = (list, dict, set, bytearray)
 MAX_CONSTANT_BYTES = 1 << 20  # a larger module-level value is not copied to the tests
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -419,9 +418,8 @@ def answer_call(msg, link):
     except BaseException as e:
         return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
     try:
-        mutated = [[i, link.encode(a)] for i, a in enumerate(args) if isinstance(a, MUTABLE)]
-        mutated_kw = [[k, link.encode(v)] for k, v in kwargs.items() if isinstance(v, MUTABLE)]
-        return {"op": "ok", "result": link.encode(result), "args": mutated, "kwargs": mutated_kw}
+        changed, changed_kw = mutated(args, kwargs, link.encode)
+        return {"op": "ok", "result": link.encode(result), "args": changed, "kwargs": changed_kw}
     except (CodecError, RecursionError, TypeError, ValueError) as e:
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
@@ -461,9 +459,10 @@ class JudgeLink:
 
     def request(self, fn, args, kwargs=None):
         """Run `fn` (the judge's `BACK_OPS`) on an object of the tests; its result, or its exception raised here."""
+        kwargs = kwargs or {}
         try:
             send_frame(self.sock, {"op": "back", "fn": fn, "args": self.encode(list(args)),
-                                   "kwargs": self.encode(dict(kwargs or {}))})
+                                   "kwargs": self.encode(dict(kwargs))})
         except OSError:
             finish(0)  # the judge is gone: the verdict is decided
         while True:
@@ -474,7 +473,9 @@ class JudgeLink:
             kind = msg.get("op")
             if kind == "call":  # the tests' code calls the program back before it answers
                 self.reply(answer_call(msg, self))
-            elif kind == "ok":
+            elif kind == "ok":  # the tests' code may have changed lists or dicts the program passed it
+                copy_back(args, msg.get("args"), range(1, len(args)), self.handles.get, self.borrow)
+                copy_back(kwargs, msg.get("kwargs"), kwargs.keys(), self.handles.get, self.borrow)
                 return self.decode(msg.get("result"))
             elif kind == "stop" and fn == "next":
                 raise StopIteration

@@ -336,6 +336,13 @@ def test_slices_classes_generators_and_containers_of_the_tests_work_in_the_progr
     assert result.passed, result.stderr[-800:]
 
 
+def test_what_a_callback_changes_in_the_programs_lists_is_copied_back(fleet):
+    program = "def walk(visit):\n    path, seen = [1], {}\n    visit(path, seen=seen)\n    return path, seen\n"
+    tests = "def visit(path, seen):\n    path.append(2)\n    seen['x'] = [path[0]]\nassert walk(visit) == ([1, 2], {'x': [1]})\n"
+    result = run(fleet, program, tests)
+    assert result.passed, result.stderr[-800:]
+
+
 def test_a_program_that_floods_callbacks_is_bounded_by_the_runs_deadline(fleet):
     result = run(fleet, "def flood(cb):\n    while True:\n        cb(1)\n", "flood(lambda x: x)\n",
                  Limits(timeout_s=1.5, memory_mb=512))
