@@ -119,7 +119,7 @@ def to_wire(value, depth=0, budget=None, handle=None):
     if kind is type and value in _TYPE_NAMES:
         return ["type", _TYPE_NAMES[value]]
     if kind is slice:
-        return ["slice", to_wire(value.start, d, budget), to_wire(value.stop, d, budget), to_wire(value.step, d, budget)]
+        return ["slice", *(to_wire(v, d, budget) for v in (value.start, value.stop, value.step))]
     if value is Ellipsis or value is NotImplemented:
         return ["constant", repr(value)]
     if handle is not None:
@@ -229,8 +229,8 @@ def from_wire(obj, depth=0, budget=None, handle=None, ref=None):
 _VALUE_MODULES = frozenset(("collections", "datetime", "decimal", "fractions", "numpy", "pandas"))
 _PANDAS_TAGS = frozenset(("pd_dataframe", "pd_series", "pd_index", "pd_rangeindex", "pd_multiindex", "pd_categorical",
                           "pd_timestamp", "pd_timedelta", "pd_nat", "pd_na"))
-_VALUE_TAGS = frozenset(("ordereddict", "counter", "defaultdict", "deque", "decimal", "fraction", "date", "time", "datetime", "timedelta", "ndarray", "ndarray_object",
-                         "npscalar")) | _PANDAS_TAGS
+_VALUE_TAGS = frozenset(("ordereddict", "counter", "defaultdict", "deque", "decimal", "fraction", "date", "time",
+                         "datetime", "timedelta", "ndarray", "ndarray_object", "npscalar")) | _PANDAS_TAGS
 _ARRAY_KINDS = "biufcSUmM"  # bool, integers, floats, complex, bytes, str, timedelta64, datetime64
 _MAX_DIMS = 32
 

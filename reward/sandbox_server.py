@@ -556,8 +556,8 @@ def _borrowed_op(op):
 # Comparisons, hashing, arithmetic and copies run the tests' own methods, as in plain Python (the judge's
 # `BACK_OPS`); a reflected operator asks for the reflected operation.
 for _op in ("eq", "ne", "lt", "le", "gt", "ge", "hash", "neg", "pos", "abs", "int", "float", "index", "copy",
-            "instancecheck", "subclasscheck", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd", "rsub", "rmul",
-            "rtruediv", "rfloordiv", "rmod", "rpow"):
+            "instancecheck", "subclasscheck", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd",
+            "rsub", "rmul", "rtruediv", "rfloordiv", "rmod", "rpow"):
     setattr(Borrowed, f"__{_op}__", _borrowed_op(_op))
 Borrowed.__deepcopy__ = lambda self, memo: self._Borrowed__link.request("deepcopy", (self,))
 

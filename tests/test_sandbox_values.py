@@ -338,7 +338,8 @@ def test_slices_classes_generators_and_containers_of_the_tests_work_in_the_progr
 
 def test_what_a_callback_changes_in_the_programs_lists_is_copied_back(fleet):
     program = "def walk(visit):\n    path, seen = [1], {}\n    visit(path, seen=seen)\n    return path, seen\n"
-    tests = "def visit(path, seen):\n    path.append(2)\n    seen['x'] = [path[0]]\nassert walk(visit) == ([1, 2], {'x': [1]})\n"
+    tests = "def visit(path, seen):\n    path.append(2)\n    seen['x'] = [path[0]]\n" \
+            "assert walk(visit) == ([1, 2], {'x': [1]})\n"
     result = run(fleet, program, tests)
     assert result.passed, result.stderr[-800:]
 
