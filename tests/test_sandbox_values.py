@@ -393,13 +393,21 @@ def test_operators_on_the_tests_objects_run_their_own_methods(fleet):
     assert result.passed, result.stderr[-800:]
 
 
-def _host_pair(program: str):
+def _host_pair(program: str, program_lacks: str = ""):
     """The judge's `Channel` and the run process's `serve_calls` over a socket pair in this process (numpy and
-    pandas importable on both ends, unlike in the sandbox today): the tests' namespace, and a function that
-    ends the conversation."""
+    pandas importable on both ends, unlike in the sandbox today, except the library `program_lacks`): the
+    tests' namespace, the channel, and a function that ends the conversation."""
     from reward.sandbox import JUDGE_SOURCE, ZYGOTE_SOURCE
     server, judge = {"__name__": "values_server"}, {"__name__": "values_judge"}
     exec(compile(ZYGOTE_SOURCE, "sandbox_server", "exec"), server)
+    if program_lacks:
+        library = server["_library"]
+
+        def lacking(name):
+            if name == program_lacks:
+                raise server["CodecUnavailable"](f"{name} cannot be imported here")
+            return library(name)
+        server["_library"] = lacking
     exec(compile(JUDGE_SOURCE, "sandbox_judge", "exec"), judge)
     program_side, judge_side = socket.socketpair()
     namespace: dict = {"__name__": "__main__"}
@@ -416,15 +424,14 @@ def _host_pair(program: str):
         thread.join(10)
         program_side.close()
         judge_side.close()
-        assert channel.failure is None, channel.failure
-    return judge["bind_names"](names, channel), close
+    return judge["bind_names"](names, channel), channel, close
 
 
 def test_numpy_and_pandas_values_cross_both_ways_through_the_channel():
     program = ("import numpy as np\nimport pandas as pd\n"
                "def summary(df, key):\n    out = df.assign(total=df['a'] + df['b'])\n"
                "    return out, out['total'].map(key), np.asarray(out['total']), out.index\n")
-    tests, close = _host_pair(program)
+    tests, channel, close = _host_pair(program)
     try:
         frame = pd.DataFrame({"a": [1.0, np.nan, 3.0], "b": [1.0, 2.0, -0.0]},
                              index=pd.Index(["x", "y", "z"], name="k"))
@@ -434,5 +441,17 @@ def test_numpy_and_pandas_values_cross_both_ways_through_the_channel():
         assert_series_equal(keyed, expected["total"].map(lambda v: f"<{v}>"))
         assert type(totals) is np.ndarray and totals.tobytes() == expected["total"].to_numpy().tobytes()
         assert_index_equal(index, frame.index, exact=True)
+        assert channel.failure is None
+    finally:
+        close()
+
+
+def test_a_library_value_the_other_side_cannot_import_makes_the_run_unverifiable():
+    tests, channel, close = _host_pair("def size(a):\n    return len(a)\n", program_lacks="numpy")
+    try:
+        with pytest.raises(BaseException) as raised:
+            tests["size"](np.zeros(3))
+        assert type(raised.value).__name__ == "Unverifiable" and channel.failure is raised.value
+        assert "numpy cannot be imported here" in str(raised.value)
     finally:
         close()
