@@ -424,10 +424,10 @@ def _value_from_wire(tag, rest, depth, budget, handle, ref):
             for i, item in enumerate(items):
                 array[i] = item
             return array.reshape(shape)
-    except (TypeError, ValueError, ArithmeticError) as e:  # decimal's InvalidOperation is an ArithmeticError
-        if isinstance(e, CodecError):
-            raise
-        raise CodecError(f"bad {tag}: {str(e)[:100]}") from None
+    except CodecError:
+        raise
+    except Exception as e:  # whatever the library's constructor says about hostile input, it is malformed
+        raise CodecError(f"bad {tag}: {type(e).__name__}: {str(e)[:100]}") from None
     raise CodecError(f"bad {tag}")
 
 

@@ -215,6 +215,41 @@ def test_malformed_pandas_values_are_codec_errors(wire):
         from_wire(wire)
 
 
+def _mutations(wire, rng):
+    """Copies of `wire` with one leaf or list replaced by another JSON value (hostile input)."""
+    paths = []
+
+    def walk(node, path):
+        paths.append(path)
+        if isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, path + (i,))
+    walk(wire, ())
+    replacements = [None, True, -1, 0, 2**62, "", "<f8", "|O8", "x" * 40, [], [0], ["ndarray"], ["ref", 0],
+                    ["handle", 0], ["float", "nan"], [[1, 2]], "AAAA"]
+    for _ in range(100):
+        path = paths[int(rng.integers(len(paths)))]
+        copy = json.loads(json.dumps(wire))
+        if not path:
+            continue
+        parent = copy
+        for i in path[:-1]:
+            parent = parent[i]
+        parent[path[-1]] = replacements[int(rng.integers(len(replacements)))]
+        yield copy
+
+
+@pytest.mark.parametrize("value", _numpy_values()[:15] + _pandas_values()[:3] + _stdlib_values()[:10],
+                         ids=lambda v: type(v).__name__)
+def test_hostile_library_wires_are_codec_errors_or_values(value):
+    rng = np.random.default_rng(7)
+    for wire in _mutations(json.loads(encode(value)), rng):
+        try:
+            from_wire(wire)
+        except CodecError:
+            pass
+
+
 def test_the_codec_works_in_a_bare_interpreter_without_numpy():
     """As the sandbox servers run it (`python -I -S`): stdlib values cross, numpy is never imported to send
     them, and a numpy value is a CodecUnavailable (unverifiable to the judge), not a malformed message."""
