@@ -29,6 +29,7 @@ never sees the tests. An `io` run is a script with the case's stdin; its stdout 
 descriptor the host reads and compares.
 """
 
+import _thread
 import atexit
 import builtins
 import copy
@@ -432,6 +433,7 @@ class JudgeLink:
         self.sock = sock
         self.handles = handles
         self.borrowed = {}
+        self.lock = _thread.RLock()  # one conversation: threads of the program take turns, nested uses nest
 
     def borrow(self, number):
         """The one proxy of the tests' object `number`, so `is` works as it does in the tests."""
@@ -459,7 +461,10 @@ class JudgeLink:
 
     def request(self, fn, args, kwargs=None):
         """Run `fn` (the judge's `BACK_OPS`) on an object of the tests; its result, or its exception raised here."""
-        kwargs = kwargs or {}
+        with self.lock:
+            return self._request(fn, args, kwargs or {})
+
+    def _request(self, fn, args, kwargs):
         try:
             send_frame(self.sock, {"op": "back", "fn": fn, "args": self.encode(list(args)),
                                    "kwargs": self.encode(dict(kwargs))})

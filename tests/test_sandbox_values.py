@@ -379,6 +379,14 @@ def test_what_a_callback_changes_in_the_programs_lists_is_copied_back(fleet):
     assert result.passed, result.stderr[-800:]
 
 
+def test_threads_of_the_program_take_turns_with_the_tests_callback(fleet):
+    program = ("from concurrent.futures import ThreadPoolExecutor\ndef pmap(fn, xs):\n"
+               "    with ThreadPoolExecutor(4) as pool:\n        return list(pool.map(fn, xs))\n")
+    result = run(fleet, program, "def square(x):\n    return x * x\n"
+                                 "assert pmap(square, range(200)) == [x * x for x in range(200)]\n")
+    assert result.passed, result.stderr[-800:]
+
+
 def test_a_program_that_floods_callbacks_is_bounded_by_the_runs_deadline(fleet):
     result = run(fleet, "def flood(cb):\n    while True:\n        cb(1)\n", "flood(lambda x: x)\n",
                  Limits(timeout_s=1.5, memory_mb=512))
