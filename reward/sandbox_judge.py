@@ -29,6 +29,7 @@ learns it.
 
 import builtins
 import copy
+import gc
 import importlib
 import operator
 import os
@@ -187,7 +188,8 @@ class Lent:
 # Objects that would show the program the tests' code or data: never lent, whoever asks.
 NEVER_LENT = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType, types.CellType)
 INTROSPECTION_FUNCTIONS = (eval, exec, compile, getattr, setattr, delattr, hasattr, vars, globals, locals, dir,
-                           __import__, breakpoint, input, open, memoryview)
+                           __import__, breakpoint, input, open, memoryview, sys._getframe, gc.get_objects,
+                           gc.get_referrers, gc.get_referents)
 # Public attribute names of generators, coroutines, frames, code and tracebacks that reach frames or code.
 INTROSPECTION_PREFIXES = ("gi_", "cr_", "ag_", "f_", "tb_", "co_")
 

@@ -317,6 +317,7 @@ LEAKS = {
     "forged_reference": ("import gc\ndef leak(cb):\n    link = [o for o in gc.get_objects() if type(o).__name__ =="
                          " 'JudgeLink'][0]\n    return link.request('call', (link.borrow(7),))\n", "lambda x: x"),
     "getattr_builtin": ("def leak(get, cb):\n    return get(cb, '__globals__')['SECRET']\n", "getattr, lambda x: x"),
+    "getframe": ("def leak(frame):\n    return frame(0).f_globals['SECRET']\n", "__import__('sys')._getframe"),
 }
 
 
