@@ -18,23 +18,32 @@ type and message). A broken rule (a malformed or oversized reply, the program
 gone) raises `ProxyError`, which is not an `Exception`, so no test's `except`
 clause mistakes it for an expected error, and the channel remembers it: the run
 is then `error` even if a bare `except:` swallowed it. A value of the tests'
-own that is not plain data (a callback) makes the run `unverifiable`: no
-program could make it cross. A plain value over the codec's limits is the
-program's `error`: the tests' own values fit (their reference passes), so one
-that does not was made large by the program. No value of the tests enters the
-program's process except as an argument of a call the tests make: an operator
-between a handle and plain data is refused here (`Handle`). The outcome (pass,
-fail, error, unverifiable) goes straight to the host; the program never learns it.
+own that is not plain data (a callback, a generator, a file) is lent to the
+program by reference (`Lent`): the program's uses of it come back as requests,
+answered here while the judge waits for its own reply, limited to `BACK_OPS`
+and to public attributes. One that is never lent (a module) makes the run
+`unverifiable`: no program could make it cross. A plain value over the codec's
+limits is the program's `error`: the tests' own values fit (their reference
+passes), so one that does not was made large by the program. No value of the
+tests enters the program's process except as an argument of a call the tests
+make (or the return value of a callback of theirs the program calls): an
+operator between a handle and plain data is refused here (`Handle`). The
+outcome (pass, fail, error, unverifiable) goes straight to the host; the
+program never learns it.
 """
 
 import builtins
+import copy
+import gc
 import importlib
+import operator
 import os
 import resource
 import socket
 import sys
 import time
 import traceback
+import types
 
 DETAIL = 4000
 JUDGE_MARGIN_S = 2.0  # past the run's limit: the host's kill at the limit comes first, this is a backstop
@@ -67,6 +76,7 @@ class Channel:
         self.calls = 0
         self.failure = None
         self.handles = {}
+        self.lent = Lent()
 
     def fail(self, exc):
         if self.failure is None:
@@ -95,19 +105,23 @@ class Channel:
         kwargs = kwargs or {}
         budget = _Budget()  # one per message, as the program's side spends it
         try:
-            wire_args = to_wire(list(args), budget=budget, handle=_handle_wire)
-            wire_kwargs = to_wire(dict(kwargs), budget=budget, handle=_handle_wire)
+            wire_args = to_wire(list(args), budget=budget, handle=self.lent.wire)
+            wire_kwargs = to_wire(dict(kwargs), budget=budget, handle=self.lent.wire)
         except _Foreign as e:
             raise self.fail(Unverifiable(f"the tests pass the program a value that cannot cross ({op}): {e}")) from None
         except (CodecError, RecursionError) as e:
             raise self.fail(ProxyError(f"a value the tests pass the program ({op}) is over the limits: {e}")) from None
         reply = self.request({"op": "call", "fn": op, "args": wire_args, "kwargs": wire_kwargs})
+        while reply.get("op") == "back":  # the program uses an object of the tests while it answers
+            reply = self.request(self.answer_back(reply))
         kind = reply.get("op")
         if kind == "ok":
             try:
-                result = from_wire(reply.get("result"), handle=self.handle)
-                copy_back(args, reply.get("args"), range(len(args)), self.handle)
-                copy_back(kwargs, reply.get("kwargs"), kwargs.keys(), self.handle)
+                result = from_wire(reply.get("result"), handle=self.handle, ref=self.lent.get)
+                copy_back(args, reply.get("args"), range(len(args)), self.handle, self.lent.get)
+                copy_back(kwargs, reply.get("kwargs"), kwargs.keys(), self.handle, self.lent.get)
+            except CodecUnavailable as e:
+                raise self.fail(Unverifiable(f"the reply to {op} holds a value the judge cannot build: {e}")) from None
             except (CodecError, RecursionError, TypeError, ValueError) as e:
                 raise self.fail(ProxyError(f"malformed reply to {op}: {e}")) from None
             return result
@@ -119,13 +133,155 @@ class Channel:
             raise self.fail(ProxyError(f"{op} in the program raised {str(reply.get('type'))[:40]}"))
         if kind == "bad":
             raise self.fail(ProxyError(f"{str(reply.get('message'))[:300]}"))
+        if kind == "unavailable":
+            raise self.fail(Unverifiable(f"the program's side cannot rebuild a value of the tests: "
+                                         f"{str(reply.get('message'))[:300]}"))
         raise self.fail(ProxyError(f"unexpected reply to {op}"))
 
+    def answer_back(self, msg):
+        """The reply to the program's use of an object of the tests (`BACK_OPS`), run here on the real object.
 
-def _handle_wire(value):
-    if type(value) is Handle:
-        return ["handle", value._Handle__number]
-    raise _Foreign(f"a value of type {type(value).__name__} is not plain data")
+        An `Exception` of the tests' code goes to the program, as it would in plain Python; an
+        `AssertionError` or anything that is not an `Exception` stays here and ends the tests' own call,
+        so no program can catch a failure of the tests.
+        """
+        try:
+            fn = BACK_OPS[msg["fn"]]
+            wire = msg["args"]
+            if not (type(wire) is list and len(wire) == 2 and wire[0] == "list" and type(wire[1]) is list
+                    and wire[1] and type(wire[1][0]) is list and wire[1][0][:1] == ["ref"]):
+                raise CodecError("not a use of an object of the tests")
+            args = from_wire(wire, handle=self.handle, ref=self.lent.get)
+            kwargs = from_wire(msg["kwargs"], handle=self.handle, ref=self.lent.get)
+            if type(kwargs) is not dict:
+                raise CodecError("bad keyword arguments")
+        except (KeyError, TypeError, CodecError, RecursionError) as e:
+            raise self.fail(ProxyError(f"malformed request from the program: {str(e)[:200]}")) from None
+        try:
+            result = fn(*args, **kwargs)
+        except StopIteration:
+            if fn is next:
+                return {"op": "stop"}
+            return {"op": "raise", "type": "RuntimeError", "message": "StopIteration raised"}
+        except AssertionError:
+            raise
+        except Exception as e:
+            return {"op": "raise", "type": _builtin_name(e), "message": _text(e)}
+        if result is NotImplemented:
+            return {"op": "notimplemented"}
+        try:
+            changed, changed_kw = mutated(args, kwargs, lambda v: to_wire(v, handle=self.lent.wire), skip=1)
+            return {"op": "ok", "result": to_wire(result, handle=self.lent.wire), "args": changed, "kwargs": changed_kw}
+        except (CodecError, RecursionError) as e:
+            return {"op": "raise", "type": "TypeError", "message": f"{msg['fn']} returned a value never lent: {e}"}
+
+
+class Lent:
+    """The tests' objects lent to the program by number: they never leave the judge, and each use there is a
+    request here, limited to `BACK_OPS` (docs/sandbox.md, "Objects of the tests")."""
+
+    def __init__(self):
+        self.objects = []
+        self.numbers = {}
+
+    def wire(self, value):
+        """The wire form of a value of the tests that is not plain data: a handle back, or a reference."""
+        if type(value) is Handle:
+            return ["handle", value._Handle__number]
+        if isinstance(value, NEVER_LENT) or any(value is f for f in INTROSPECTION_FUNCTIONS):
+            raise _Foreign(f"a value of type {type(value).__name__} is never lent to the program")
+        number = self.numbers.get(id(value))
+        if number is None:
+            number = self.numbers[id(value)] = len(self.objects)
+            self.objects.append(value)  # held for the run, so its id is never reused
+        return ["ref", number]
+
+    def get(self, number):
+        if number >= len(self.objects):
+            raise CodecError("unknown reference")
+        return self.objects[number]
+
+
+# Objects that would show the program the tests' code or data: never lent, whoever asks.
+NEVER_LENT = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType, types.CellType)
+INTROSPECTION_FUNCTIONS = (eval, exec, compile, getattr, setattr, delattr, hasattr, vars, globals, locals, dir,
+                           __import__, breakpoint, input, open, memoryview, sys._getframe, gc.get_objects,
+                           gc.get_referrers, gc.get_referents)
+# Public attribute names of generators, coroutines, frames, code and tracebacks that reach frames or code.
+INTROSPECTION_PREFIXES = ("gi_", "cr_", "ag_", "f_", "tb_", "co_")
+
+
+def public_name(target, name):
+    """The attribute `name` of `target`, if the program may read it: a public name that reaches no code."""
+    if type(name) is not str or not name.isidentifier() or name.startswith("_"):
+        raise AttributeError(f"the tests' objects do not lend the attribute {str(name)[:60]!r}")
+    if name.startswith(INTROSPECTION_PREFIXES) and type(target).__module__ == "builtins":
+        raise AttributeError(f"the tests' objects do not lend the attribute {name!r}")
+    return name
+
+
+def lent_getattr(target, name):
+    return getattr(target, public_name(target, name))
+
+
+def lent_setattr(target, name, value):
+    """Set a data attribute of an instance of a class of the tests (never a method, a class or a built-in)."""
+    public_name(target, name)
+    kind = type(target)
+    if isinstance(target, type) or kind.__module__ == "builtins" or callable(getattr(kind, name, None)):
+        raise AttributeError(f"the program may not set {name!r} on a {kind.__name__} of the tests")
+    setattr(target, name, value)
+
+
+def lent_call(target, *args, **kwargs):
+    if not callable(target):
+        raise TypeError(f"'{type(target).__name__}' object is not callable")
+    return target(*args, **kwargs)
+
+
+def lent_exit(target, raised_type, message):
+    """`with` on an object of the tests ends: its `__exit__` sees the program's exception as a built-in one."""
+    if raised_type is None:
+        return bool(type(target).__exit__(target, None, None, None))
+    exc = rebuild_exception(raised_type, message)
+    return bool(type(target).__exit__(target, type(exc), exc, None))
+
+
+# What the program may do with an object of the tests, each run here by the real built-in.
+BACK_OPS = {"call": lent_call, "getattr": lent_getattr, "setattr": lent_setattr, "iter": iter, "next": next,
+            "len": len, "getitem": operator.getitem, "setitem": operator.setitem, "contains": operator.contains,
+            "bool": bool, "str": str, "repr": repr, "enter": lambda t: type(t).__enter__(t), "exit": lent_exit,
+            "hash": hash, "neg": operator.neg, "pos": operator.pos, "abs": abs, "int": int, "float": float,
+            "index": operator.index, "copy": copy.copy, "deepcopy": copy.deepcopy,
+            "instancecheck": lambda t, value: isinstance(value, t), "subclasscheck": lambda t, cls: issubclass(cls, t)}
+
+
+def own_method(name):
+    """The tests' object's own binary method `name` (NotImplemented without one): Python's operator protocol
+    then runs in the program, which tries the other operand's method, as plain Python would."""
+    def run(target, other):
+        method = getattr(type(target), f"__{name}__", None)
+        return NotImplemented if method is None else method(target, other)
+    return run
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd",
+            "rsub", "rmul", "rtruediv", "rfloordiv", "rmod", "rpow"):
+    BACK_OPS[_op] = own_method(_op)
+
+
+def _builtin_name(exc):
+    for cls in type(exc).__mro__:
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+    return "Exception"
+
+
+def _text(exc):
+    try:
+        return str(exc)[:2000]
+    except Exception:
+        return ""
 
 
 class Handle:
@@ -213,44 +369,6 @@ for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "lshift
         setattr(Handle, f"__i{_op}__", _arithmetic("i" + _op))
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Handle, f"__{_op}__", _compare(_op))
-
-
-def copy_back(target, changes, keys, handle):
-    """Apply the program's mutated copies of arguments to the originals, in place."""
-    if not isinstance(changes, list):
-        raise ValueError("bad copy-back list")
-    allowed = set(keys)
-    for item in changes:
-        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str) and item[0] in allowed):
-            raise ValueError("bad copy-back entry")
-        sync(target[item[0]], from_wire(item[1], handle=handle))
-
-
-def sync(orig, new):
-    """Make `orig` equal `new` in place, keeping nested lists and dicts the test may hold."""
-    if type(orig) is not type(new):
-        return
-    if type(orig) is list:
-        for i in range(min(len(orig), len(new))):
-            if type(orig[i]) in (list, dict) and type(new[i]) is type(orig[i]):
-                sync(orig[i], new[i])
-            else:
-                orig[i] = new[i]
-        del orig[len(new):]
-        orig.extend(new[len(orig):])
-    elif type(orig) is dict:
-        for key in [k for k in orig if k not in new]:
-            del orig[key]
-        for key, value in new.items():
-            if key in orig and type(orig[key]) in (list, dict) and type(value) is type(orig[key]):
-                sync(orig[key], value)
-            else:
-                orig[key] = value
-    elif type(orig) is set:
-        orig.clear()
-        orig.update(new)
-    elif type(orig) is bytearray:
-        orig[:] = new
 
 
 def rebuild_exception(name, message):

@@ -23,10 +23,13 @@ An `assert` run in `proxy` mode executes the program and then serves calls from
 the judge (`reward/sandbox_judge.py`) over its socket: an operation (a call, an
 attribute, `len`, `==`, ...) on arguments of plain data and handles in; a
 result, the mutated arguments and any exception out. Objects that are not
-plain data stay here and cross as handles. It never sees the tests. An `io` run is a script with the case's stdin; its stdout goes to a
+plain data stay here and cross as handles. The tests' own objects arrive as
+`Borrowed` proxies, whose uses are requests to the judge (`JudgeLink`). It
+never sees the tests. An `io` run is a script with the case's stdin; its stdout goes to a
 descriptor the host reads and compares.
 """
 
+import _thread
 import atexit
 import builtins
 import copy
@@ -55,7 +58,6 @@ SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PR_SET_SECCOMP = 38, 36, 1, 22
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
-MUTABLE = (list, dict, set, bytearray)
 MAX_CONSTANT_BYTES = 1 << 20  # a larger module-level value is not copied to the tests
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -391,7 +393,7 @@ def describe_names(namespace, handles):
     return names
 
 
-def serve_calls(sock, handles):
+def serve_calls(sock, link):
     """Answer the judge's calls until it says exit; the run process's whole job in proxy mode."""
     while True:
         try:
@@ -400,19 +402,18 @@ def serve_calls(sock, handles):
             return
         if msg.get("op") != "call":
             return
-        reply = answer_call(msg, handles)
-        try:
-            send_frame(sock, reply)
-        except CodecError as e:
-            send_frame(sock, {"op": "bad", "message": str(e)})
+        link.reply(answer_call(msg, link))
 
 
-def answer_call(msg, handles):
-    """Run one operation of the judge's on the program's objects; the reply holds plain data and handles."""
+def answer_call(msg, link):
+    """Run one operation of the judge's on the program's objects; the reply holds plain data, handles and
+    the tests' own objects (references)."""
     try:
         fn = OPS[msg["fn"]]
-        args = from_wire(msg["args"], handle=handles.get)
-        kwargs = from_wire(msg["kwargs"], handle=handles.get)
+        args = link.decode(msg["args"])
+        kwargs = link.decode(msg["kwargs"])
+    except CodecUnavailable as e:
+        return {"op": "unavailable", "message": _safe_str(e)[:200]}
     except (KeyError, TypeError, CodecError) as e:
         return {"op": "bad", "message": f"malformed call: {_safe_str(e)[:200]}"}
     try:
@@ -428,22 +429,154 @@ def answer_call(msg, handles):
         return {"op": "exit", "type": type(e).__name__, "message": _safe_str(e)}
     budget = _Budget()  # one per message: the result and the copied-back arguments
     try:
-        wire = to_wire(result, budget=budget, handle=handles.ref)
-        mutated = copied_back(enumerate(args), budget, handles)
-        mutated_kw = copied_back(kwargs.items(), budget, handles)
-        return {"op": "ok", "result": wire, "args": mutated, "kwargs": mutated_kw}
+        wire = link.encode(result, budget)
+        changed, changed_kw = mutated(args, kwargs, lambda value: link.encode(value, budget))
+        return {"op": "ok", "result": wire, "args": changed, "kwargs": changed_kw}
     except (CodecError, RecursionError, TypeError, ValueError) as e:
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
 
-def copied_back(items, budget, handles):
-    """[key, wire] of each mutable argument, for the judge to copy back; each entry spends one value more."""
-    out = []
-    for key, value in items:
-        if isinstance(value, MUTABLE):
-            budget.spend()
-            out.append([key, to_wire(value, budget=budget, handle=handles.ref)])
-    return out
+class JudgeLink:
+    """The run process's end of the socket to the judge: it answers the judge's calls, and asks the judge to
+    run the program's uses of the tests' objects (`Borrowed`), answering the judge's calls meanwhile."""
+
+    def __init__(self, sock, handles):
+        self.sock = sock
+        self.handles = handles
+        self.borrowed = {}
+        self.lock = _thread.RLock()  # one conversation: threads of the program take turns, nested uses nest
+
+    def borrow(self, number):
+        """The one proxy of the tests' object `number`, so `is` works as it does in the tests."""
+        found = self.borrowed.get(number)
+        if found is None:
+            found = self.borrowed[number] = Borrowed(number, self)
+        return found
+
+    def wire(self, value):
+        if type(value) is Borrowed:
+            return ["ref", value._Borrowed__number]
+        return self.handles.ref(value)
+
+    def encode(self, value, budget=None):
+        """The wire form of a value of the program's; `budget`: one shared by every value of a message."""
+        return to_wire(value, budget=budget, handle=self.wire)
+
+    def decode(self, wire):
+        return from_wire(wire, handle=self.handles.get, ref=self.borrow)
+
+    def reply(self, msg):
+        try:
+            send_frame(self.sock, msg)
+        except CodecError as e:
+            send_frame(self.sock, {"op": "bad", "message": str(e)})
+
+    def request(self, fn, args, kwargs=None):
+        """Run `fn` (the judge's `BACK_OPS`) on an object of the tests; its result, or its exception raised here."""
+        with self.lock:
+            return self._request(fn, args, kwargs or {})
+
+    def _request(self, fn, args, kwargs):
+        try:
+            send_frame(self.sock, {"op": "back", "fn": fn, "args": self.encode(list(args)),
+                                   "kwargs": self.encode(dict(kwargs))})
+        except OSError:
+            finish(0)  # the judge is gone: the verdict is decided
+        while True:
+            try:
+                msg = recv_frame(self.sock)
+            except (EOFError, OSError, CodecError):
+                finish(0)
+            kind = msg.get("op")
+            if kind == "call":  # the tests' code calls the program back before it answers
+                self.reply(answer_call(msg, self))
+            elif kind == "ok":  # the tests' code may have changed lists or dicts the program passed it
+                copy_back(args, msg.get("args"), range(1, len(args)), self.handles.get, self.borrow)
+                copy_back(kwargs, msg.get("kwargs"), kwargs.keys(), self.handles.get, self.borrow)
+                return self.decode(msg.get("result"))
+            elif kind == "stop" and fn == "next":
+                raise StopIteration
+            elif kind == "notimplemented":  # the tests' object has no such operator: Python tries the other
+                return NotImplemented
+            elif kind == "raise":
+                cls = getattr(builtins, str(msg.get("type")), None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)) or issubclass(cls, StopIteration):
+                    cls = Exception
+                raise cls(str(msg.get("message")))
+            else:
+                finish(0)  # the tests ended (an assertion failed inside the tests' own code, or all passed)
+
+
+class Borrowed:
+    """An object of the tests (a callback, a generator, a file, an instance of the tests' class): it stays in
+    the judge, and each use here is a request there (docs/sandbox.md, "Objects of the tests")."""
+
+    __slots__ = ("__number", "__link")
+
+    def __init__(self, number, link):
+        object.__setattr__(self, "_Borrowed__number", number)
+        object.__setattr__(self, "_Borrowed__link", link)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(f"the tests' objects do not lend the attribute {name!r}")
+        return self.__link.request("getattr", (self, name))
+
+    def __setattr__(self, name, value):
+        self.__link.request("setattr", (self, name, value))
+
+    def __call__(self, *args, **kwargs):
+        return self.__link.request("call", (self, *args), kwargs)
+
+    def __iter__(self):
+        return self.__link.request("iter", (self,))
+
+    def __next__(self):
+        return self.__link.request("next", (self,))
+
+    def __len__(self):
+        return self.__link.request("len", (self,))
+
+    def __getitem__(self, key):
+        return self.__link.request("getitem", (self, key))
+
+    def __setitem__(self, key, value):
+        self.__link.request("setitem", (self, key, value))
+
+    def __contains__(self, value):
+        return self.__link.request("contains", (self, value))
+
+    def __bool__(self):
+        return self.__link.request("bool", (self,))
+
+    def __str__(self):
+        return self.__link.request("str", (self,))
+
+    def __repr__(self):
+        return self.__link.request("repr", (self,))
+
+    def __enter__(self):
+        return self.__link.request("enter", (self,))
+
+    def __exit__(self, kind, exc, tb):
+        name = None if exc is None else builtin_exception(exc) if isinstance(exc, Exception) else "Exception"
+        return self.__link.request("exit", (self, name, None if exc is None else _safe_str(exc)))
+
+
+def _borrowed_op(op):
+    def method(self, *args):
+        return self._Borrowed__link.request(op, (self, *args))
+    method.__name__ = f"__{op}__"
+    return method
+
+
+# Comparisons, hashing, arithmetic and copies run the tests' own methods, as in plain Python (the judge's
+# `BACK_OPS`); a reflected operator asks for the reflected operation.
+for _op in ("eq", "ne", "lt", "le", "gt", "ge", "hash", "neg", "pos", "abs", "int", "float", "index", "copy",
+            "instancecheck", "subclasscheck", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "radd",
+            "rsub", "rmul", "rtruediv", "rfloordiv", "rmod", "rpow"):
+    setattr(Borrowed, f"__{_op}__", _borrowed_op(_op))
+Borrowed.__deepcopy__ = lambda self, memo: self._Borrowed__link.request("deepcopy", (self,))
 
 
 def run_job(job, host, judge):
@@ -476,7 +609,7 @@ def run_job(job, host, judge):
             send_frame(judge, {"op": "ready", "names": describe_names(namespace, handles)})
         except (OSError, CodecError):
             finish(1)
-        serve_calls(judge, handles)
+        serve_calls(judge, JudgeLink(judge, handles))
     elif mode == "inprocess":
         try:
             exec(tests, namespace)

@@ -37,7 +37,8 @@ class AssertTests:
     `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
     separate trusted process where the program's names are proxies that pass
     plain data; `inprocess` runs them after the program in its own `__main__`
-    namespace, for tests that need more (methods of returned objects, callbacks).
+    namespace, for tests that need more (a module passed to the program, a function
+    named like a built-in).
     An `inprocess` verdict can be forged by the program: such tasks stay out of
     training sets by default.
     """

@@ -288,16 +288,17 @@ def test_full_humaneval_build_meets_the_scale_targets(tmp_path, run):
 
 
 def test_tests_needing_more_than_plain_data_are_marked_and_kept_out_of_train(run):
-    """A problem whose tests pass their own function to the program runs `inprocess`, marked, and not in train."""
+    """A problem whose tests pass a module to the program (never lent to it: unverifiable in `proxy` mode) runs
+    `inprocess`, marked, and not in train."""
     boxed = Problem("T/box", "toy", "A box holding twice its value.", textwrap.dedent("""\
         class Box:
             def __init__(self, v):
                 self.v = v * 2
-            def apply(self, fn):
-                return fn(self.v)
+            def apply(self, module, name):
+                return getattr(module, name)(self.v)
         def make(v):
             return Box(v)
-        """), AssertTests("assert make(2).apply(abs) == 4\nassert make(0).apply(lambda v: v + 1) == 1\n"))
+        """), AssertTests("import math\nassert make(8).apply(math, 'sqrt') == 4\nassert make(0).apply(math, 'exp') == 1\n"))
     result = build([boxed, LOOP], run, BuildConfig(val_fraction=0.0))
     assert result.manifest["problems_inprocess"] == ["T/box"]
     assert result.manifest["problems_dropped"] == []

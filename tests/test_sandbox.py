@@ -152,14 +152,17 @@ def test_right_io_programs_pass(fleet, name):
     assert fleet.run([Job(program, IOTests((IOCase(stdin, expected),)), FAST)])[0].passed
 
 
-def test_tests_that_pass_their_own_functions_need_inprocess(fleet):
-    """Objects of the program cross as handles; a callback of the tests cannot cross: unverifiable."""
+def test_callbacks_of_the_tests_cross_as_references_and_modules_do_not_cross(fleet):
+    """A callback of the tests is lent to the program (docs/sandbox.md, "Objects of the tests"); a module of
+    the tests is never lent: that run is unverifiable in proxy mode and passes in inprocess mode."""
     program = "class Box:\n    def __init__(self, v):\n        self.v = v\n    def apply(self, fn):\n" \
               "        return fn(self.v)\n"
     assert run(fleet, program, "assert Box(3).v == 3\n").passed
-    tests = "assert Box(3).apply(lambda v: v + 1) == 4\n"
+    callback = run(fleet, program, "assert Box(3).apply(lambda v: v + 1) == 4\n")
+    assert callback.passed, callback.stderr
+    tests = "import math\nassert Box(math).apply(lambda m: m.sqrt(16)) == 4.0\n"
     proxy = run(fleet, program, tests)
-    assert proxy.status == "unverifiable" and "not plain data" in proxy.stderr
+    assert proxy.status == "unverifiable" and "never lent" in proxy.stderr, proxy.stderr
     inprocess = fleet.run([Job(program, AssertTests(tests, "inprocess"), FAST)])[0]
     assert inprocess.passed, inprocess.stderr
 

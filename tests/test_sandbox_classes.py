@@ -28,7 +28,7 @@ from sandbox_battery import CLASS_HACKS
 FIXTURE = Path(__file__).parent / "fixtures" / "class_tasks.jsonl"
 TASKS = {t.task_id: t for t in load_tasks(FIXTURE)}
 BUGGY = [t for t in TASKS.values() if not t.is_clean]
-UNVERIFIABLE = "unverifiable/apply_callback"
+UNVERIFIABLE = "unverifiable/module_argument"
 FAST = Limits(timeout_s=30.0, memory_mb=256)
 
 
