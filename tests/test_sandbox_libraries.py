@@ -178,3 +178,28 @@ def test_check_takes_the_sandbox_env_option(tmp_path):
     assert bare.returncode != 0 and "0/1 verified" in bare.stderr, bare.stderr
     refused = check("--sandbox-env", fake_python(tmp_path / "py312", "3.12.1"))
     assert refused.returncode == 2 and "runs Python 3.12.1" in refused.stderr, refused.stderr
+
+
+BCB_ENV = os.path.join(HERE, ".venv-bcb")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(BCB_ENV), reason="no .venv-bcb here (scripts/setup.sh bcb makes it)")
+def test_bigcodebench_libraries_import_in_the_sandbox():
+    """Every third-party library of the 200 BigCodeBench problems imports from `.venv-bcb` in a run."""
+    import ast
+    import json
+
+    rows = [json.loads(line) for line in open("/work/shared/data/bigcodebench_pdb200.jsonl")] \
+        if os.path.exists("/work/shared/data/bigcodebench_pdb200.jsonl") else []
+    libs = sorted({lib for row in rows for lib in ast.literal_eval(row["libs"])} - set(sys.stdlib_module_names)) or ["sklearn"]
+    program = "import importlib\nFAILED = []\n" + "".join(
+        f"try:\n    importlib.import_module({lib!r})\nexcept Exception as e:\n    FAILED.append(({lib!r}, repr(e)))\n"
+        for lib in libs)
+    w = SandboxWorker(resolve_isolation("auto"), libraries=library_env(BCB_ENV))
+    try:
+        result = w.run(Job(program, AssertTests("assert FAILED == [], FAILED\n", mode="inprocess"),
+                           Limits(timeout_s=120.0, memory_mb=2048)))
+    finally:
+        w.close()
+    assert result.passed, result.stderr
