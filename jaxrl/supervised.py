@@ -300,8 +300,11 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
 
 def _validation_tasks(cfg: Config) -> list:
     """The val tasks (first `validation.val_tasks`) and GT Debug tasks (first `validation.gt_debug_tasks`)."""
-    build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation,
-                           libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload)) if cfg.data.build else None
+    if cfg.data.build is None:
+        build = None
+    else:
+        build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation,
+                               libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))
     paths = T.task_paths(cfg.data, build)
     return (T.read_tasks(paths["val"], "val", cfg.validation.val_tasks)
             + T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))

@@ -2,7 +2,8 @@
 
 A `SandboxWorker` holds two long-lived sandboxes, each a pre-warmed bare
 interpreter inside bubblewrap (new pid, network, ipc, uts and mount namespaces;
-a read-only view of only the interpreter and the system libraries, every
+a read-only view of only the host's interpreter, the system libraries and the
+site-packages of a library environment (`library_env`), every other
 site-packages and dist-packages directory hidden; a scrubbed environment; as
 root, a dedicated unprivileged uid each):
 

@@ -192,7 +192,8 @@ def test_bigcodebench_libraries_import_in_the_sandbox():
 
     rows = [json.loads(line) for line in open("/work/shared/data/bigcodebench_pdb200.jsonl")] \
         if os.path.exists("/work/shared/data/bigcodebench_pdb200.jsonl") else []
-    libs = sorted({lib for row in rows for lib in ast.literal_eval(row["libs"])} - set(sys.stdlib_module_names)) or ["sklearn"]
+    libs = {lib for row in rows for lib in ast.literal_eval(row["libs"])} - set(sys.stdlib_module_names)
+    libs = sorted(libs) or ["sklearn"]
     program = "import importlib\nFAILED = []\n" + "".join(
         f"try:\n    importlib.import_module({lib!r})\nexcept Exception as e:\n    FAILED.append(({lib!r}, repr(e)))\n"
         for lib in libs)
