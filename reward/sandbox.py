@@ -31,6 +31,7 @@ you trust. See docs/sandbox.md for the threat model.
 from __future__ import annotations
 
 import array
+import ast
 import collections
 import dataclasses
 import fcntl
@@ -52,7 +53,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from reward import sandbox_direct
@@ -212,6 +213,32 @@ class LibraryEnv:
 
 
 STDLIB_ONLY = LibraryEnv("", (), (), "stdlib")
+
+
+@functools.lru_cache(maxsize=4096)
+def imported_packages(code: str) -> frozenset[str]:
+    """Top-level packages that `code` imports anywhere (none when it does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return frozenset(names)
+
+
+def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules of `allowed` whose top-level package a job's program or tests import, in `allowed`'s order."""
+    wanted = set()
+    for job in jobs:
+        wanted |= imported_packages(job.program)
+        if isinstance(job.tests, AssertTests):
+            wanted |= imported_packages(job.tests.code)
+    return tuple(m for m in allowed if m.split(".")[0] in wanted)
 
 
 def _distributions(site_dirs: tuple[str, ...]) -> list[str]:
@@ -435,7 +462,7 @@ def _probe_bwrap() -> str | None:
     if shutil.which("bwrap") is None:
         return "bwrap not found on PATH"
     try:
-        worker = SandboxWorker("bwrap")
+        worker = SandboxWorker("bwrap", libraries=STDLIB_ONLY)
     except (OSError, RuntimeError) as e:
         return str(e)
     try:
@@ -682,9 +709,10 @@ class SandboxWorker:
 
     def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True,
                  libraries: LibraryEnv | None = None):
-        """`libraries`: the packages runs may import (default: this process's environment, `library_env()`)."""
+        """`libraries`: the packages runs may import and the modules both servers preload (default: this
+        process's environment, nothing preloaded; `Fleet` chooses the preload from its jobs)."""
         self.isolation = isolation
-        self.libraries = library_env() if libraries is None else libraries
+        self.libraries = library_env(None, ()) if libraries is None else libraries
         # Plain assert tests (`reward.sandbox_direct.plan_of`) are judged in this process, not a test
         # process; False sends every proxy run to the judge (to compare the two, or to price it).
         self.direct = True

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def worker():
     """One worker whose proxy runs all go through the judge's test process (not the host's direct judge)."""
-    w = SandboxWorker(resolve_isolation("auto"))
+    w = SandboxWorker(resolve_isolation("auto"), libraries=library_env())
     w.direct = False
     yield w
     w.close()
@@ -204,3 +204,20 @@ def test_bigcodebench_libraries_import_in_the_sandbox():
     finally:
         w.close()
     assert result.passed, result.stderr
+
+
+def test_a_fleet_preloads_only_what_its_jobs_import():
+    """Function tasks pay nothing for the preload list; the first batch importing pandas brings it in."""
+    function = Job("def f(x):\n    return x + 1\n", AssertTests("assert f(1) == 2\n"), LIMITS)
+    frame = Job("import pandas as pd\ndef f():\n    return len(pd.DataFrame({'a': [1, 2]}))\n",
+                AssertTests("assert f() == 2\n"), LIMITS)
+    probe = ("import sys\nLOADED = sorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules)\n"
+             "import pandas\n")
+    with Fleet(workers=1, cache=False) as fleet:
+        assert fleet.run([function])[0].passed
+        assert fleet._workers[0].libraries.preload == ()
+        assert fleet.run([frame])[0].passed
+        assert fleet._workers[0].libraries.preload == ("pandas",)
+        seen = fleet.run([Job(probe, AssertTests("assert LOADED == ['numpy', 'pandas'], LOADED\n"), LIMITS)])[0]
+        assert seen.passed, seen.stderr  # already imported before the program's own import ran
+        assert fleet.stats.worker_restarts == 0
