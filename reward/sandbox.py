@@ -188,6 +188,9 @@ DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 LIBRARY_ENV_VARS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1", "MPLBACKEND": "Agg",
                     "MPLCONFIGDIR": "/tmp"}
+# Where the sandboxes see a library environment's site directories that are not under the interpreter's
+# prefix or /usr: the host's layout (the path of the working tree holding a venv) stays out of view.
+SANDBOX_SITE_ROOT = "/library-env"
 # Top-level packages of this project: a library environment holding a copy of them is refused.
 PROJECT_PACKAGES = ("reward", "jaxrl", "models")
 
@@ -207,9 +210,10 @@ class LibraryEnv:
     preload: tuple[str, ...]
     digest: str
 
-    def setup_json(self) -> str:
-        """What the servers read (`reward/sandbox_preload.py`): the paths to import from, the modules to preload."""
-        return json.dumps({"paths": list(self.site_dirs), "preload": list(self.preload)})
+    def setup_json(self, paths: list[str]) -> str:
+        """What the servers read (`reward/sandbox_preload.py`): the site directories as they see them, the
+        modules to preload."""
+        return json.dumps({"paths": paths, "preload": list(self.preload)})
 
 
 STDLIB_ONLY = LibraryEnv("", (), (), "stdlib")
@@ -259,7 +263,8 @@ def library_env(path: str | None = None, preload: tuple[str, ...] = DEFAULT_PREL
     if path == "none":
         return STDLIB_ONLY
     prefix = os.path.realpath(sys.prefix if path is None else path)
-    python = os.path.join(prefix, "bin", "python")
+    candidates = [os.path.join(prefix, "bin", name) for name in ("python3", "python")]
+    python = sys.executable if path is None else next((p for p in candidates if os.path.exists(p)), candidates[0])
     probe = ("import json, site, sys; print(json.dumps([list(sys.version_info[:2]), sys.implementation.cache_tag, "
              "sys.version.split()[0], site.getsitepackages()]))")
     try:
@@ -330,15 +335,17 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root + "/") for root in roots)
 
 
-def _ro_bind_with_parents(path: str, made: set[str]) -> list[str]:
-    """bubblewrap arguments binding `path` read-only at the same place, its missing parents made 0755.
+def _ro_bind_with_parents(path: str, made: set[str], at: str | None = None) -> list[str]:
+    """bubblewrap arguments binding `path` read-only at `at` (default: the same place), its missing parents
+    made 0755 (`made`: the parents made so far).
 
     bubblewrap would copy the host's modes of the parents it makes: /root is 0700, so
     a sandbox uid could not reach an interpreter under /root/.pyenv (and the loader
     fell back to the system's libpython).
     """
+    at = path if at is None else at
     cmd = []
-    parent = os.path.dirname(path)
+    parent = os.path.dirname(at)
     parents = []
     while parent not in ("/", "") and parent not in made:
         parents.append(parent)
@@ -346,7 +353,7 @@ def _ro_bind_with_parents(path: str, made: set[str]) -> list[str]:
     for p in reversed(parents):
         made.add(p)
         cmd += ["--perms", "0755", "--dir", p]
-    return cmd + ["--ro-bind", path, path]
+    return cmd + ["--ro-bind", path, at]
 
 
 def _bwrap_command(uid: int | None, source: str, args: list[str], libraries: LibraryEnv = STDLIB_ONLY) -> list[str]:
@@ -380,16 +387,19 @@ def _bwrap_command(uid: int | None, source: str, args: list[str], libraries: Lib
     for site in package_dirs(["/usr", prefix]):
         if site not in libraries.site_dirs:
             cmd += ["--tmpfs", site, "--remount-ro", site]
-    for site in libraries.site_dirs:
-        if not _under(site, ["/usr", prefix]):
-            cmd += _ro_bind_with_parents(site, made)
+    inside = []
+    for i, site in enumerate(libraries.site_dirs):
+        seen = site if _under(site, ["/usr", prefix]) else f"{SANDBOX_SITE_ROOT}/{i}"
+        if seen != site:
+            cmd += _ro_bind_with_parents(site, made, seen)
         for finder in sorted(glob.glob(os.path.join(site, "__editable__*"))):
-            cmd += ["--ro-bind", "/dev/null", finder]  # editable installs' finders: their sources stay out
+            cmd += ["--ro-bind", "/dev/null", seen + finder[len(site):]]  # their finders name the sources
+        inside.append(seen)
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
-    return cmd + [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
+    return cmd + [exe, "-I", "-S", "-c", source, *args, libraries.setup_json(inside)]
 
 
 def _processes_of_uid(uid: int | None) -> int:
@@ -509,7 +519,7 @@ class _Server:
             cmd = _bwrap_command(uid, source, args, libraries)
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
         else:
-            cmd = [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
+            cmd = [exe, "-I", "-S", "-c", source, *args, libraries.setup_json(list(libraries.site_dirs))]
         self.sandbox_pid: int | None = None
         self._errors = tempfile.TemporaryFile()  # the server's own stderr: read only if it fails to start
         try:

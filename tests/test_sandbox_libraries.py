@@ -151,15 +151,16 @@ def test_a_run_leaves_preloaded_modules_pristine_for_the_next(worker, mode):
 def fake_python(root, version: str) -> str:
     """A directory whose bin/python answers `library_env`'s probe as Python `version` would."""
     major, minor = version.split(".")[:2]
-    python = root / "bin" / "python"
+    python = root / "bin" / "python3"
     python.parent.mkdir(parents=True)
     python.write_text(f"#!/bin/sh\necho '[[{major}, {minor}], \"cpython-{major}{minor}\", \"{version}\", []]'\n")
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     return str(root)
 
 
-def test_check_takes_the_sandbox_env_option(tmp_path):
-    """`check --sandbox-env`: none hides numpy (the solution errs), the default has it, another Python is refused."""
+def test_check_and_train_take_the_sandbox_env_option(tmp_path):
+    """`check --sandbox-env`: none hides numpy (the solution errs), the default has it, another Python is refused
+    (by `train` too, before it loads anything)."""
     import subprocess
 
     from reward.schema import write_tasks
@@ -176,8 +177,12 @@ def test_check_takes_the_sandbox_env_option(tmp_path):
     assert "1/1 verified" in check().stderr
     bare = check("--sandbox-env", "none")
     assert bare.returncode != 0 and "0/1 verified" in bare.stderr, bare.stderr
-    refused = check("--sandbox-env", fake_python(tmp_path / "py312", "3.12.1"))
+    other = fake_python(tmp_path / "py312", "3.12.1")
+    refused = check("--sandbox-env", other)
     assert refused.returncode == 2 and "runs Python 3.12.1" in refused.stderr, refused.stderr
+    train = subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", "--config", "tiny", "--out",
+                            str(tmp_path / "run"), "--sandbox-env", other], capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and "reward.sandbox_env" in train.stderr and "3.12.1" in train.stderr, train.stderr
 
 
 BCB_ENV = os.path.join(HERE, ".venv-bcb")
