@@ -87,7 +87,8 @@ class Fleet:
         self.num_workers = workers or os.cpu_count() or 1
         self.isolation = resolve_isolation(isolation)
         self.libraries = library_env() if libraries is None else libraries
-        self._preload: tuple[str, ...] = ()  # what new workers preload: what the jobs so far needed
+        self._preload: tuple[tuple[str, ...], ...] = ((), ())  # what new workers' run and test processes preload:
+        # what the jobs so far imported there
         self.cache_enabled = cache
         self.timeout_retries = timeout_retries
         self.stats = FleetStats()
@@ -189,9 +190,9 @@ class Fleet:
                 for key in todo:
                     self._running[key] = _Running()
             self.stats.jobs += len(jobs)
-            needed = set(preload_for((jobs[indices[0]] for indices in todo.values()), self.libraries.preload))
-            if not needed <= set(self._preload):
-                self._preload = tuple(m for m in self.libraries.preload if m in needed or m in self._preload)
+            needed = preload_for((jobs[indices[0]] for indices in todo.values()), self.libraries.preload)
+            self._preload = tuple(tuple(m for m in self.libraries.preload if m in now or m in before)
+                                  for now, before in zip(needed, self._preload))
         try:
             self._serve(jobs, todo, results, progress)
         finally:  # our runs end before we wait for another call's: no two calls wait on each other
@@ -308,16 +309,17 @@ class Fleet:
     def _start_worker(self, slot: int) -> SandboxWorker | None:
         """Worker `slot`, started if it is not running; None once the fleet is closed."""
         worker = self._workers[slot]
-        preload = self._preload
+        program, tests = self._preload
         if worker is not None and worker.alive():
-            if worker.libraries.preload == preload:
+            if (worker.libraries.preload, worker.judge_preload) == (program, tests):
                 return worker
             worker.close()  # it preloads less than the jobs now need: replaced, not a restart
             self._workers[slot] = None
         self._drop(slot)
         if self._closed:
             return None
-        worker = SandboxWorker(self.isolation, libraries=dataclasses.replace(self.libraries, preload=preload))
+        worker = SandboxWorker(self.isolation, libraries=dataclasses.replace(self.libraries, preload=program),
+                               judge_preload=tests)
         with self._lock:
             if not self._closed:
                 self._workers[slot] = worker

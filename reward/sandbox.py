@@ -235,14 +235,15 @@ def imported_packages(code: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """The modules of `allowed` whose top-level package a job's program or tests import, in `allowed`'s order."""
-    wanted = set()
+def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The modules of `allowed` that the jobs' run processes and their test processes import, in `allowed`'s
+    order: a module counts where its top-level package is imported (`inprocess` tests in the run process)."""
+    program, tests = set(), set()
     for job in jobs:
-        wanted |= imported_packages(job.program)
+        program |= imported_packages(job.program)
         if isinstance(job.tests, AssertTests):
-            wanted |= imported_packages(job.tests.code)
-    return tuple(m for m in allowed if m.split(".")[0] in wanted)
+            (program if job.tests.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
+    return tuple(tuple(m for m in allowed if m.split(".")[0] in side) for side in (program, tests))
 
 
 def _distributions(site_dirs: tuple[str, ...]) -> list[str]:
@@ -718,11 +719,13 @@ class SandboxWorker:
     """A program sandbox, a judge sandbox and a cgroup; `run` is not thread-safe (one job at a time)."""
 
     def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True,
-                 libraries: LibraryEnv | None = None):
+                 libraries: LibraryEnv | None = None, judge_preload: tuple[str, ...] | None = None):
         """`libraries`: the packages runs may import and the modules both servers preload (default: this
-        process's environment, nothing preloaded; `Fleet` chooses the preload from its jobs)."""
+        process's environment, nothing preloaded; `Fleet` chooses the preload from its jobs);
+        `judge_preload`, other modules for the judge's server."""
         self.isolation = isolation
         self.libraries = library_env(None, ()) if libraries is None else libraries
+        self.judge_preload = self.libraries.preload if judge_preload is None else judge_preload
         # Plain assert tests (`reward.sandbox_direct.plan_of`) are judged in this process, not a test
         # process; False sends every proxy run to the judge (to compare the two, or to price it).
         self.direct = True
@@ -735,7 +738,8 @@ class SandboxWorker:
         self._group_limits: dict[int, tuple[int, int]] = {}
         try:
             self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote", self.libraries)
-            self._judge = _Server(JUDGE_SOURCE, isolation, "judge", self.libraries)
+            self._judge = _Server(JUDGE_SOURCE, isolation, "judge",
+                                  dataclasses.replace(self.libraries, preload=self.judge_preload))
             self._program.on_spare = self._adopt
             if cgroup:
                 for i in range(2):

@@ -212,17 +212,22 @@ def test_bigcodebench_libraries_import_in_the_sandbox():
 
 
 def test_a_fleet_preloads_only_what_its_jobs_import():
-    """Function tasks pay nothing for the preload list; the first batch importing pandas brings it in."""
+    """Function tasks pay nothing for the preload list; the first batch importing pandas brings it into the
+    run processes, the first whose tests import numpy into the test processes."""
     function = Job("def f(x):\n    return x + 1\n", AssertTests("assert f(1) == 2\n"), LIMITS)
     frame = Job("import pandas as pd\ndef f():\n    return len(pd.DataFrame({'a': [1, 2]}))\n",
                 AssertTests("assert f() == 2\n"), LIMITS)
     probe = ("import sys\nLOADED = sorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules)\n"
              "import pandas\n")
+    numpy_tests = Job("def f():\n    return 2\n", AssertTests("import numpy as np\nassert f() == np.int64(2)\n"),
+                      LIMITS)
     with Fleet(workers=1, cache=False) as fleet:
         assert fleet.run([function])[0].passed
-        assert fleet._workers[0].libraries.preload == ()
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == ((), ())
         assert fleet.run([frame])[0].passed
-        assert fleet._workers[0].libraries.preload == ("pandas",)
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == (("pandas",), ())
+        assert fleet.run([numpy_tests])[0].passed
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == (("pandas",), ("numpy",))
         seen = fleet.run([Job(probe, AssertTests("assert LOADED == ['numpy', 'pandas'], LOADED\n"), LIMITS)])[0]
         assert seen.passed, seen.stderr  # already imported before the program's own import ran
         assert fleet.stats.worker_restarts == 0
