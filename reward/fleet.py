@@ -65,8 +65,9 @@ class Fleet:
       max_cache_entries: how many results the cache keeps (the least recently used go first).
       libraries: the packages runs may import (default: this process's environment, `library_env()`);
         part of every cache key, so a verdict is reused only under the same environment. Workers
-        preload only the modules of its preload list that the jobs so far import: a fleet of function
-        tasks pays nothing for them, and its workers restart once when a batch first needs more.
+        preload only the modules of its preload list that the jobs so far import (run processes what
+        the programs import, test processes what the tests import): a fleet of function tasks pays
+        nothing for them, and its workers are replaced once when a batch first needs more.
 
     A timeout is never cached across batches nor written to `cache_path`: it may
     come from machine load rather than the program. Several threads may call
