@@ -47,6 +47,7 @@ import types
 
 DETAIL = 4000
 JUDGE_MARGIN_S = 2.0  # past the run's limit: the host's kill at the limit comes first, this is a backstop
+PRELOADED_BYTES = 0  # address space the library environment's preloaded modules take (set by `judge_main`)
 
 
 class ProxyError(BaseException):
@@ -450,7 +451,7 @@ def test_main(sock, tests_source, deadline=None):
 
 def set_limits(limits):
     cpu = int(limits["timeout_s"]) + 1
-    memory = max(limits["memory_mb"], 2048) << 20
+    memory = (max(limits["memory_mb"], 2048) << 20) + PRELOADED_BYTES
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
 
@@ -477,6 +478,8 @@ def test_process(host):
 
 
 def judge_main():
+    global PRELOADED_BYTES
+    PRELOADED_BYTES = load_libraries(sys.argv)  # before any fork: every test process shares it
     control = socket.socket(fileno=int(sys.argv[1]))
     control.send(frame({"op": "ready"})[4:])
     serve_spares(control, test_process)
