@@ -151,8 +151,8 @@ class Job:
 
     @property
     def mode(self) -> str:
-        """How the tests run: `proxy` or `inprocess` (assert tests), or `io`."""
-        return self.tests.mode if isinstance(self.tests, AssertTests) else "io"
+        """How the tests run: `proxy` or `inprocess` (assert tests), `inprocess` (unittest tests), or `io`."""
+        return "io" if isinstance(self.tests, IOTests) else self.tests.mode
 
 
 @dataclasses.dataclass(frozen=True)
