@@ -44,7 +44,8 @@ import types
 
 # Modules that programs commonly import: loaded once here, shared copy-on-write by every run.
 PRELOAD = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "fractions", "functools",
-           "hashlib", "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing")
+           "hashlib", "heapq", "itertools", "logging", "math", "operator", "re", "statistics", "string", "typing",
+           "unittest", "unittest.mock")
 for _name in PRELOAD:
     __import__(_name)
 PRELOADED_BYTES = 0  # address space the library environment's preloaded modules take (set by `zygote_main`)
@@ -265,6 +266,17 @@ def seccomp_program():
 SECCOMP_PROGRAM = seccomp_program()  # built once in the zygote, shared by every run
 
 
+def install_no_signal_handlers():
+    """Stack `no_signal_handlers_filter` on the run's filter (`inprocess` runs, after the harness's set-up)."""
+    code = no_signal_handlers_filter(os.uname().machine)
+    if code is None:
+        raise OSError("no seccomp filter for signal handlers on this architecture")
+    insns = (ctypes.c_uint64 * len(code))(*[op | jt << 16 | jf << 24 | k << 32 for op, jt, jf, k in code])
+    program = _SockFprog(len(code), ctypes.addressof(insns))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0), "prctl(seccomp filter)")
+
+
 def install_seccomp():
     """Confine the run's syscalls with the seccomp filter (no_new_privs first, as the kernel requires)."""
     if SECCOMP_PROGRAM is None:
@@ -431,11 +443,11 @@ def run_job(job, host, judge):
     code = 0
     namespace = fresh_main()
     mode = job["mode"]
-    if mode != "inprocess":
-        host.close()  # nothing more goes to the host: the verdict is not ours to report
+    if mode == "inprocess":
+        run_inprocess(job, host, namespace, libc, install_no_signal_handlers)
+    host.close()  # nothing more goes to the host: the verdict is not ours to report
     try:
         program = compile(job["program"], "main.py", "exec")
-        tests = compile(job["tests"], "tests.py", "exec") if mode == "inprocess" else None
         exec(program, namespace)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -457,21 +469,6 @@ def run_job(job, host, judge):
         except (OSError, CodecError):
             finish(1)
         serve_calls(judge, handles)
-    elif mode == "inprocess":
-        try:
-            exec(tests, namespace)
-        except BaseException as e:
-            try:
-                traceback.print_exc()
-            except BaseException:
-                pass
-            finish(3 if isinstance(e, AssertionError) else 1)
-        shut_down_like_interpreter()
-        try:
-            send_frame(host, {"op": "done"})
-        except BaseException:
-            pass
-        os._exit(0)
     finish(0)
 
 
