@@ -241,11 +241,13 @@ import types  # noqa: E402
 PROTECTED_MODULES = ("builtins", "unittest", "unittest.case", "unittest.util", "unittest.mock", "numpy",
                      "numpy.testing", "numpy.testing._private.utils", "pandas", "pandas.testing",
                      "pandas._testing", "pandas._testing.asserters")
-REFUSED_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace",
+REFUSED_EVENTS = frozenset({"sys._current_frames", "sys._current_exceptions", "sys.settrace",
                             "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                             "sys.addaudithook"})
+# The audited attributes that lead to a frame or its code (f_back and f_locals are not audited: a frame must
+# never be had at all). Reading them raises; as libraries read them (tracebacks), it is not held against the run.
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code",
-                              "f_code", "f_back", "f_locals", "f_globals", "f_builtins"})
+                              "f_code"})
 CTYPES_POINTERS = ("memmove", "memset", "_cast", "cast", "_string_at", "string_at", "_wstring_at", "wstring_at",
                    "pythonapi", "_memmove_addr", "_memset_addr", "_cast_addr", "_string_at_addr",
                    "_wstring_at_addr")
@@ -384,6 +386,7 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter):
         del sys._getframe  # inspect.currentframe() is None from now on; pandas and logging cope
         if "logging" in sys.modules:
             sys.modules["logging"].currentframe = lambda: None
+        traceback.clear_frames = lambda tb: None  # assertRaises calls it on the caught exception
         install_signal_filter()
         _defang_ctypes(libc)
     except BaseException:

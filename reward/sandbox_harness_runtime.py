@@ -17,8 +17,12 @@ def audit(event, args):
         return
     if event in refused_events or event[:7] == "ctypes.":
         refuse(event)
+    elif event == "sys._getframe":
+        raise RuntimeError("refused in the sandbox: " + event)
     elif event == "object.__getattr__":
-        if args[1] in frame_attributes or args[1] == "__code__" and is_sealed(args[0]):
+        if args[1] in frame_attributes:
+            raise RuntimeError("refused in the sandbox: " + args[1])  # blocked, not held against the run
+        if args[1] == "__code__" and is_sealed(args[0]):
             refuse(event + " " + str(args[1]))
     elif event == "object.__setattr__":
         if is_sealed(args[0]):
@@ -32,6 +36,7 @@ def audit(event, args):
 
 
 def refuse(what):
+    """Raise, and fail the run even if the program catches it: these have no use but reaching the harness."""
     refused.append(what)
     raise RuntimeError("refused in the sandbox: " + what)
 
