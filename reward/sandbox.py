@@ -672,13 +672,13 @@ def _harness_verdict(out: _Outcome, token: str, expected: list[str] | None) -> t
         return None, "no verdict from the harness: the run ended before its tests did"
     v = verdicts[0]
     if not v.get("loaded"):
-        return "error", "the program did not load"
+        return "error", "the tests could not be set up or the program did not load"
     tests = v.get("tests") or []
     statuses = {name: status for name, status in tests}
     failing = [f"{name} ({status})" for name, status in tests if status not in ("pass", "skip")]
     if v.get("refused"):
         return "fail", "refused in the sandbox: " + "; ".join(v["refused"][:5])
-    if expected is None or sorted(statuses) != sorted(expected) or len(tests) != len(expected):
+    if not expected or sorted(statuses) != sorted(expected) or len(tests) != len(expected):
         return "error", f"the tests that ran differ from those the source defines ({len(tests)} ran)"
     if failing:
         worst = "fail" if any(s == "fail" for s in statuses.values()) else "error"
