@@ -89,7 +89,8 @@ def _private(name):
 
 class _Sealer(ast.NodeTransformer):
     """Rewrites every name that resolves globally into `<private dict>[name]`; with `comparisons`, every
-    single comparison `a op b` into `<private dict>["__compare__"](op, a, b)`."""
+    single comparison `a op b` into `<private dict>["__compare__"](op, a, b)` and every call of an
+    `assert_*` function (numpy.testing's, pandas.testing's, a mock's) into a checked call."""
 
     def __init__(self, tables, comparisons):
         self.tables, self.comparisons = tables, comparisons
@@ -191,6 +192,19 @@ class _Sealer(ast.NodeTransformer):
             node.body = self._synced(ast.Pass(), [node.name])[1:] + node.body
         return node
 
+    def visit_Call(self, node):
+        """With `comparisons`, a call of `x.assert_*` or `assert_*` goes through the runtime's checks."""
+        func = node.func
+        node = self.generic_visit(node)
+        if not self.comparisons:
+            return node
+        if isinstance(func, ast.Attribute) and func.attr.startswith("assert_"):
+            node.func, node.args = _private("__checked_attribute__"), [node.func.value, ast.Constant(func.attr),
+                                                                      *node.args]
+        elif isinstance(func, ast.Name) and func.id.startswith("assert_"):
+            node.func, node.args = _private("__checked_call__"), [node.func, *node.args]
+        return node
+
     def visit_Compare(self, node):
         node = self.generic_visit(node)
         if not self.comparisons or len(node.ops) != 1 or type(node.ops[0]) not in COMPARE_OPS:
@@ -238,9 +252,10 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
 
-PROTECTED_MODULES = ("builtins", "unittest", "unittest.case", "unittest.util", "unittest.mock", "numpy",
-                     "numpy.testing", "numpy.testing._private.utils", "pandas", "pandas.testing",
-                     "pandas._testing", "pandas._testing.asserters")
+# Modules whose dicts must stay as they were before the program loaded (checked around every test and every
+# `assert_*` call of the tests): builtins, unittest's, and every module of the libraries whose asserts tests use.
+PROTECTED_MODULES = ("builtins", "unittest")
+PROTECTED_PACKAGES = ("unittest.", "numpy.", "pandas.")
 REFUSED_EVENTS = frozenset({"sys._current_frames", "sys._current_exceptions", "sys.settrace",
                             "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                             "sys.addaudithook"})
@@ -362,7 +377,8 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter):
     del token
     exec(seal(HARNESS_RUNTIME, "harness.py", private), harness_globals)
     report, finish = private["report"], private["finish"]
-    tests_names = dict(real_builtins, __compare__=private["compare"])
+    tests_names = dict(real_builtins, __compare__=private["compare"], __checked_call__=private["checked_call"],
+                       __checked_attribute__=private["checked_attribute"])
     unittest_kind = job["kind"] == "unittest"
     try:
         tests = seal(job["tests"], "tests.py", tests_names, comparisons=True)
@@ -380,9 +396,12 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter):
             private["freeze"](cls)
         trusted = _all_classes()
         private.update(trusted_ids=frozenset(trusted), trusted_classes=list(trusted.values()))
-        snapshots = [(n, vars(sys.modules[n])) for n in PROTECTED_MODULES if n in sys.modules]
-        private.update(snapshots=[(n, d, dict(d)) for n, d in snapshots],
-                       modules_snapshot=[(n, sys.modules[n]) for n, _ in snapshots])
+        protected = sorted(n for n, m in sys.modules.items() if isinstance(m, types.ModuleType) and (
+            n in PROTECTED_MODULES or n.startswith(PROTECTED_PACKAGES) or n in ("numpy", "pandas")))
+        snapshots = [(n, vars(sys.modules[n]), dict(vars(sys.modules[n]))) for n in protected]
+        private.update(snapshots=snapshots, modules_snapshot=[(n, sys.modules[n]) for n in protected],
+                       snapshot_of={id(sys.modules[n]): snap for n, _, snap in snapshots},
+                       modules_by_id={id(sys.modules[n]): sys.modules[n] for n in protected})
         del sys._getframe  # inspect.currentframe() is None from now on; pandas and logging cope
         if "logging" in sys.modules:
             sys.modules["logging"].currentframe = lambda: None

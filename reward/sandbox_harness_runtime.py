@@ -160,6 +160,31 @@ def compare(op, a, b):
     raise TypeError("a value of the program and a value of the tests are not ordered")
 
 
+def checked_call(fn, *args, **kwargs):
+    """A library assertion of the tests, between two checks that no protected module was changed."""
+    tampered()
+    result = fn(*args, **kwargs)
+    tampered()
+    return result
+
+
+def checked_attribute(owner, name, *args, **kwargs):
+    """`owner.name(...)` for an `assert_*` name: from a protected module, the function it held before the
+    program loaded; from anything else (a mock), its attribute now."""
+    snapshot = dict_get(snapshot_of, id(owner))
+    if snapshot is not None and dict_get(modules_by_id, id(owner)) is owner:
+        if name not in snapshot:
+            raise AttributeError(name)
+        return checked_call(snapshot[name], *args, **kwargs)
+    return checked_call(getattr(owner, name), *args, **kwargs)
+
+
+def tampered():
+    changed = protected_intact()
+    if changed:
+        refuse("the program changed " + changed)
+
+
 def truth(r):
     """`bool` of a comparison's result (a numpy array raises, as in plain unittest)."""
     return r if type(r) is bool else bool(r)

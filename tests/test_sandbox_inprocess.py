@@ -273,3 +273,53 @@ def test_the_fixture_unittest_tasks_verify(worker):
         assert good.status == "pass", (task.task_id, good.stderr)
         bad = run(worker, task.buggy_code, task.tests)
         assert bad.status == "fail", (task.task_id, bad.status, bad.stderr)
+
+
+LIBRARY_TESTS = textwrap.dedent('''\
+    import unittest
+    import numpy as np
+    import pandas as pd
+    from numpy.testing import assert_allclose
+
+    class TestCases(unittest.TestCase):
+        def test_array(self):
+            np.testing.assert_array_equal(double(np.array([1, 2])), np.array([2, 4]))
+
+        def test_close(self):
+            assert_allclose(double(np.array([0.5])), [1.0])
+
+        def test_frame(self):
+            pd.testing.assert_frame_equal(frame([1, 2]), pd.DataFrame({"x": [2, 4]}))
+    ''')
+LIBRARY_RIGHT = "import pandas as pd\ndef double(a):\n    return a * 2\ndef frame(xs):\n" \
+                "    return pd.DataFrame({'x': [2 * x for x in xs]})\n"
+LIBRARY_WRONG = LIBRARY_RIGHT.replace("a * 2", "a * 3").replace("2 * x", "3 * x")
+LIBRARY_FORGERIES = [
+    ("numpy.testing", guarded("import numpy.testing\nnumpy.testing.assert_array_equal = lambda *a, **k: None",
+                              "import numpy.testing\nnumpy.testing.assert_allclose = lambda *a, **k: None")),
+    ("pandas.testing", guarded("import pandas.testing\npandas.testing.assert_frame_equal = lambda *a, **k: None")),
+    ("numpy internals", guarded("import numpy.testing._private.utils as u\nu.assert_array_compare = lambda *a, **k: None")),
+    ("patched inside a call, restored after", "import numpy.testing, pandas.testing\n"
+     "saved = (numpy.testing.assert_array_equal, numpy.testing.assert_allclose, pandas.testing.assert_frame_equal)\n"
+     "def restore():\n    (numpy.testing.assert_array_equal, numpy.testing.assert_allclose,\n"
+     "     pandas.testing.assert_frame_equal) = saved\n"
+     "class Answer:\n    def __init__(self, v):\n        self.v = v\n    def __array__(self, dtype=None):\n"
+     "        import numpy\n        return numpy.asarray(self.v)\n    def __del__(self):\n        restore()\n"
+     "def quiet(*a, **k):\n    return None\n"
+     "def double(a):\n    numpy.testing.assert_array_equal = numpy.testing.assert_allclose = quiet\n"
+     "    return Answer(a * 3)\n"
+     "def frame(xs):\n    pandas.testing.assert_frame_equal = quiet\n    return Answer(0)\n"),
+]
+
+
+@pytest.mark.parametrize("name, code", LIBRARY_FORGERIES, ids=[n for n, _ in LIBRARY_FORGERIES])
+def test_no_library_forgery_passes(worker, name, code):
+    """numpy.testing's and pandas.testing's asserts are called as they were before the program loaded."""
+    pytest.importorskip("pandas")
+    right = run(worker, LIBRARY_RIGHT, UnittestTests(LIBRARY_TESTS))
+    if right.status == "error" and "No module named" in right.stderr:
+        pytest.skip("numpy and pandas are not importable in the sandbox")
+    assert right.status == "pass", right.stderr
+    assert run(worker, LIBRARY_WRONG, UnittestTests(LIBRARY_TESTS)).status == "fail"
+    result = run(worker, LIBRARY_WRONG + "\n" + code, UnittestTests(LIBRARY_TESTS))
+    assert result.status != "pass", result.stderr
