@@ -367,15 +367,26 @@ def _load_failure(exc):
     return f"ERROR: the program did not load (line {line}): {text}"
 
 
-def run_inprocess(job, host, namespace, libc, install_signal_filter):
+def sealed_runtime():
+    """(code, names): `sandbox_harness_runtime.py` sealed over a dict that each run fills for itself.
+
+    Compiled once in the zygote before it forks; kept out of every module's globals, as whoever
+    holds the code holds the dict.
+    """
+    names = {}
+    return seal(HARNESS_RUNTIME, "harness.py", names), names
+
+
+def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
     """Run an `inprocess` job in this process: harness, program, tests, verdict. Never returns."""
     token = job.pop("token")
     real_builtins = dict(vars(builtins))
     harness_globals = {"__name__": "harness", "__builtins__": dict(real_builtins)}
     tests_globals = {"__name__": TESTS_MODULE, "__builtins__": dict(real_builtins)}
-    private = _private_names(real_builtins, host, token, tests_globals, harness_globals)
-    del token
-    exec(seal(HARNESS_RUNTIME, "harness.py", private), harness_globals)
+    code, private = runtime
+    private.update(_private_names(real_builtins, host, token, tests_globals, harness_globals))
+    del token, runtime
+    exec(code, harness_globals)
     report, finish = private["report"], private["finish"]
     tests_names = dict(real_builtins, __compare__=private["compare"], __checked_call__=private["checked_call"],
                        __checked_attribute__=private["checked_attribute"])

@@ -438,13 +438,13 @@ def answer_call(msg, handles):
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
 
-def run_job(job, host, judge):
-    """Execute the job in this process; never returns."""
+def run_job(job, host, judge, runtime):
+    """Execute the job in this process; never returns. `runtime`: the harness's sealed code and its names."""
     code = 0
     namespace = fresh_main()
     mode = job["mode"]
     if mode == "inprocess":
-        run_inprocess(job, host, namespace, libc, install_no_signal_handlers)
+        run_inprocess(job, host, namespace, libc, install_no_signal_handlers, runtime)
     host.close()  # nothing more goes to the host: the verdict is not ours to report
     try:
         program = compile(job["program"], "main.py", "exec")
@@ -486,7 +486,7 @@ def finish(code):
     os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
-def child_main(host, isolated, processes_in_use, network=None):
+def child_main(host, isolated, processes_in_use, network=None, runtime=None):
     """Body of a run process (pid 1 of its namespaces when isolated). Never returns.
 
     It is forked as a spare before any request exists; the host takes it for a
@@ -539,7 +539,7 @@ def child_main(host, isolated, processes_in_use, network=None):
         except BaseException:
             pass
         os._exit(70)
-    run_job(job, host, judge)
+    run_job(job, host, judge, runtime)
 
 
 # ---- the zygote ------------------------------------------------------------------------
@@ -565,7 +565,8 @@ def zygote_main():
             return pid
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     control.send(frame({"op": "ready"})[4:])
-    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use, lending[0]), fork,
+    runtime = sealed_runtime()  # a local: only the frames of the runs (which none can read) hold it
+    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use, lending[0], runtime), fork,
                  reaped=networks.returned if networks else None)
 
 
