@@ -308,11 +308,11 @@ def _plan(names, test_case):
 
 
 def _classes_to_freeze(plan):
-    """unittest's and unittest.mock's own classes, and the tests' classes with their bases from the tests."""
+    """unittest's own classes (runner, loader, result and mock's too), and the tests' classes with their
+    bases from the tests."""
     found = []
-    for module_name in ("unittest.case", "unittest.mock"):
-        module = sys.modules.get(module_name)
-        if module is not None:
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("unittest.") and isinstance(module, types.ModuleType):
             found += [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module_name]
     for cls, _ in plan:
         found += [c for c in cls.__mro__ if c.__module__ == TESTS_MODULE]

@@ -48,6 +48,15 @@ TESTS = textwrap.dedent('''\
         def test_file(self):
             self.assertEqual(read_number(os.path.join(self.dir, "n.txt")), 3)
     ''')
+# The same tests as an `assert` module that runs unittest's own runner (how BigCodeBench tests ran `inprocess`
+# before the `unittest` kind): the runner, loader and result are unittest's, frozen like TestCase. Such a module
+# runs after the program loads, when `@patch` could not read its function's `__code__`: a `with patch` here.
+RUNNER_TESTS = TESTS.replace('''@patch("random.randint", return_value=4)
+    def test_roll(self, mock_randint):
+        self.assertEqual(roll(), 4)''', '''def test_roll(self):
+        with patch("random.randint", return_value=4):
+            self.assertEqual(roll(), 4)''') + ("\nimport sys\nresult = unittest.TextTestRunner(stream=sys.stderr).run(\n"
+                        "    unittest.TestLoader().loadTestsFromTestCase(TestCases))\nassert result.wasSuccessful()\n")
 PROXY_TESTS = "assert total([1, 2, 3]) == 6\nassert scale([1, 2], 3) == [3, 6]\nassert scale([1], 2) == [2]\n"
 RIGHT = textwrap.dedent('''\
     import random
@@ -191,12 +200,18 @@ def test_the_task_passes_with_the_right_program_and_fails_with_the_wrong_one(wor
         assert f"TestCases.{name} (fail)" in wrong.stderr
     assert run(worker, RIGHT, AssertTests(PROXY_TESTS)).status == "pass"
     assert run(worker, RIGHT, AssertTests(PROXY_TESTS, "inprocess")).status == "pass"
+    assert run(worker, RIGHT, AssertTests(RUNNER_TESTS, "inprocess")).status == "pass"
+    assert run(worker, WRONG, AssertTests(RUNNER_TESTS, "inprocess")).status != "pass"
 
 
 @pytest.mark.parametrize("family, name, code", FORGERIES, ids=[f"{f}: {n}" for f, n, _ in FORGERIES])
 def test_no_forgery_passes(worker, family, name, code):
-    """Every forgery, on a wrong program: not a pass in unittest, inprocess-assert or proxy mode."""
-    for tests in (UnittestTests(TESTS), AssertTests(PROXY_TESTS, "inprocess"), AssertTests(PROXY_TESTS)):
+    """Every forgery, on a wrong program: not a pass in unittest, inprocess-assert (plain, and running
+    unittest's runner) or proxy mode. Before the harness, 8 of these passed the runner form. That form
+    is judged by unittest's runner, which counts a `SkipTest` the program raises as a skip: the
+    skipping family is held only to the `unittest` kind there (docs/sandbox.md)."""
+    runner = [] if family == "skipping" else [AssertTests(RUNNER_TESTS, "inprocess")]
+    for tests in (UnittestTests(TESTS), AssertTests(PROXY_TESTS, "inprocess"), *runner, AssertTests(PROXY_TESTS)):
         result = run(worker, WRONG + "\n" + code, tests)
         assert result.status != "pass", (tests, result.stdout, result.stderr)
 
@@ -323,3 +338,28 @@ def test_no_library_forgery_passes(worker, name, code):
     assert run(worker, LIBRARY_WRONG, UnittestTests(LIBRARY_TESTS)).status == "fail"
     result = run(worker, LIBRARY_WRONG + "\n" + code, UnittestTests(LIBRARY_TESTS))
     assert result.status != "pass", result.stderr
+
+
+def test_what_the_program_sees_of_the_harness(worker):
+    """No signal handler can be set, no frame had, no ctypes imported: the program's view, from inside."""
+    program = textwrap.dedent('''\
+        import inspect, signal, sys
+        SEEN = {"getframe": hasattr(sys, "_getframe"), "currentframe": inspect.currentframe()}
+        try:
+            signal.signal(signal.SIGUSR1, lambda *a: None)
+            SEEN["signal"] = "set"
+        except OSError:
+            SEEN["signal"] = "refused"
+        try:
+            raise ValueError
+        except ValueError as e:
+            try:
+                e.__traceback__.tb_frame
+                SEEN["tb_frame"] = "read"
+            except RuntimeError:
+                SEEN["tb_frame"] = "refused"
+        ''')
+    tests = "assert SEEN == {'getframe': False, 'currentframe': None, 'signal': 'refused', 'tb_frame': 'refused'}\n"
+    result = run(worker, program, AssertTests(tests, "inprocess"))
+    assert result.status == "pass", result.stderr
+    assert run(worker, "import ctypes\n", AssertTests("pass\n", "inprocess")).status == "error"
