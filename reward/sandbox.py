@@ -19,8 +19,9 @@ root, a dedicated unprivileged uid each):
 `io` runs are scripts whose stdout lands in a memfd that this process compares
 as a bounded stream. This process never blocks on a socket a program holds: it
 waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more than plain data (`AssertTests.mode ==
-"inprocess"`) run program and tests in one process, as before this design: that
-verdict can be forged, and `data build` keeps such tasks out of training sets.
+"inprocess"`, and `UnittestTests`) run program and tests in one process under a harness set up before
+the program loads (`reward/sandbox_harness.py`); the host accepts only its verdict, which carries a
+token sent with the job, and only if it names every test the source defines.
 
 Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
 the same servers without namespaces and warns loudly: use it only on programs
