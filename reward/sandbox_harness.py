@@ -406,6 +406,7 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
         for cls in _classes_to_freeze(plan):
             private["freeze"](cls)
         trusted = _all_classes()
+        # trusted_classes holds them, so that no id in trusted_ids is reused by a class of the program
         private.update(trusted_ids=frozenset(trusted), trusted_classes=list(trusted.values()))
         protected = sorted(n for n, m in sys.modules.items() if isinstance(m, types.ModuleType) and (
             n in PROTECTED_MODULES or n.startswith(PROTECTED_PACKAGES) or n in ("numpy", "pandas")))

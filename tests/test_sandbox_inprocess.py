@@ -363,3 +363,11 @@ def test_what_the_program_sees_of_the_harness(worker):
     result = run(worker, program, AssertTests(tests, "inprocess"))
     assert result.status == "pass", result.stderr
     assert run(worker, "import ctypes\n", AssertTests("pass\n", "inprocess")).status == "error"
+
+
+def test_check_gives_the_harness_account_as_the_reason():
+    from reward.check_cli import failure_reason
+    from reward.sandbox import RunResult
+    result = RunResult(False, "fail", 0.1, stderr="FAIL: T.test_a (test): AssertionError: 1 != 2\n\n"
+                                                  "[tests] 1 of 2 tests passed; not passed: T.test_a (fail)")
+    assert failure_reason(result, False, inprocess=True) == "1 of 2 tests passed; not passed: T.test_a (fail)"
