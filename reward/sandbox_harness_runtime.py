@@ -356,14 +356,14 @@ def protected_intact():
     Allowed: what the tests' source names as a patch target (`patch("numpy.random.normal")`,
     `patch.object(x, "name")`), and a module global that was None (a cache filled lazily).
     """
+    get, absent, items, paths, names, shadows = dict_get, missing, dict_items, patched_paths, patched_names, builtin_names
     for name, module_dict, snapshot in snapshots:
-        for key, value in dict_items(snapshot):
-            now = dict_get(module_dict, key, missing)
-            if now is not value and value is not None and key not in patched_names \
-                    and name + "." + key not in patched_paths:
+        for key, value in items(snapshot):
+            if get(module_dict, key, absent) is not value and value is not None and key not in names \
+                    and name + "." + key not in paths:
                 return name + "." + key
         for key in module_dict:
-            if key not in snapshot and key in builtin_names:
+            if key not in snapshot and key in shadows:
                 return name + "." + key
     for name, module in modules_snapshot:
         if dict_get(sys_modules, name, missing) is not module:
