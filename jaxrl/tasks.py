@@ -25,6 +25,7 @@ import grain
 from jaxrl import prompts as P
 from jaxrl.config import BuildSpec, DataConfig
 from reward.extract import prompt_opens_think
+from reward.sandbox import LibraryEnv
 from reward.schema import SchemaError, Task, load_tasks
 
 SPLIT_FILES = {"train": "train.jsonl", "val": "val.jsonl", "gt_debug": "gt_debug.jsonl"}
@@ -44,12 +45,13 @@ def build_dir(spec: BuildSpec) -> Path:
 
 
 def ensure_built(spec: BuildSpec, workers: int | None = None, isolation: str = "auto",
-                 progress: bool = False) -> Path:
+                 progress: bool = False, libraries: LibraryEnv | None = None) -> Path:
     """Build the task set of `spec` unless it is cached; returns its directory.
 
     The set is written to a temporary directory and renamed into place, so an
     interrupted build never leaves a half set behind; sandbox verdicts are cached
-    across attempts, so a rerun replays them.
+    across attempts, so a rerun replays them. `libraries`: the sandbox's library
+    environment (None: this process's).
     """
     from reward.data.build import BuildConfig, build, write
     from reward.data.sources import humaneval_problems
@@ -62,7 +64,8 @@ def ensure_built(spec: BuildSpec, workers: int | None = None, isolation: str = "
     problems = humaneval_problems()[: spec.problems]
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
     try:
-        with Fleet(workers=workers, cache_path=out.parent / f"{out.name}.runs.jsonl", isolation=isolation) as fleet:
+        with Fleet(workers=workers, cache_path=out.parent / f"{out.name}.runs.jsonl", isolation=isolation,
+                   libraries=libraries) as fleet:
             result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=progress and phase),
                            BuildConfig(seed=spec.seed, max_per_operator=spec.max_per_operator), progress=progress)
         write(result, tmp)

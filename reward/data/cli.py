@@ -18,7 +18,8 @@ import os
 import sys
 import time
 
-from reward.cli_args import non_negative_int, output_dir_error, output_file_error, positive_int, user_path
+from reward.cli_args import (SANDBOX_ENV_HELP, non_negative_int, output_dir_error, output_file_error, positive_int,
+                             sandbox_env, user_path)
 from reward.data.build import BuildConfig, build, write
 from reward.data.sources import SourceError, humaneval_problems, mbpp_problems, pdb_tasks
 from reward.fleet import Fleet
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also put tasks whose tests need in-process mode (forgeable verdicts) in train.jsonl")
     b.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                    help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    b.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
     b.add_argument("--no-progress", action="store_true", help="hide progress bars")
     i = actions.add_parser("import-pdb", help="convert PDB's released JSON and a tests file to task JSONL")
     i.add_argument("--data", type=user_path, required=True, help="PDB JSON (list or JSONL) with task_id, task_prompt, "
@@ -97,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
-                   isolation=args.isolation, timeout_retries=1) as fleet:
+                   isolation=args.isolation, timeout_retries=1, libraries=args.sandbox_env) as fleet:
             result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
                            cfg, progress=not args.no_progress)
             runs, hits = fleet.stats.runs, fleet.stats.cache_hits
