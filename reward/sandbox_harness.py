@@ -410,9 +410,11 @@ def run_inprocess(job, host, namespace, install_signal_filter, runtime):
         private.update(trusted_ids=frozenset(trusted), trusted_classes=list(trusted.values()))
         protected = sorted(n for n, m in sys.modules.items() if isinstance(m, types.ModuleType) and (
             n in PROTECTED_MODULES or n.startswith(PROTECTED_PACKAGES) or n in ("numpy", "pandas")))
-        snapshots = [(n, vars(sys.modules[n]), dict(vars(sys.modules[n]))) for n in protected]
+        snapshots = [(n, vars(sys.modules[n]), {k: v for k, v in vars(sys.modules[n]).items()
+                                                 if callable(v) or isinstance(v, types.ModuleType)},
+                      frozenset(vars(sys.modules[n]))) for n in protected]  # plain settings may change
         private.update(snapshots=snapshots, modules_snapshot=[(n, sys.modules[n]) for n in protected],
-                       snapshot_of={id(sys.modules[n]): snap for n, _, snap in snapshots},
+                       snapshot_of={id(sys.modules[n]): snap for n, _, snap, _ in snapshots},
                        modules_by_id={id(sys.modules[n]): sys.modules[n] for n in protected})
         del sys._getframe  # inspect.currentframe() is None from now on; pandas and logging cope
         if "logging" in sys.modules:

@@ -353,17 +353,18 @@ def outcome_of(exc, expected_skip):
 def protected_intact():
     """The name of the first protected module entry that was changed since the program started, else None.
 
-    Allowed: what the tests' source names as a patch target (`patch("numpy.random.normal")`,
-    `patch.object(x, "name")`), and a module global that was None (a cache filled lazily).
+    Only functions, classes and modules are held (plain settings such as `numpy.pi` may change);
+    allowed: what the tests' source names as a patch target (`patch("numpy.random.normal")`,
+    `patch.object(x, "name")`).
     """
     get, absent, items, paths, names, shadows = dict_get, missing, dict_items, patched_paths, patched_names, builtin_names
-    for name, module_dict, snapshot in snapshots:
+    for name, module_dict, snapshot, keys in snapshots:
         for key, value in items(snapshot):
-            if get(module_dict, key, absent) is not value and value is not None and key not in names \
+            if get(module_dict, key, absent) is not value and key not in names \
                     and name + "." + key not in paths:
                 return name + "." + key
         for key in module_dict:
-            if key not in snapshot and key in shadows:
+            if key not in keys and key in shadows:
                 return name + "." + key
     for name, module in modules_snapshot:
         if dict_get(sys_modules, name, missing) is not module:
