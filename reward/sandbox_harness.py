@@ -298,7 +298,8 @@ def _plan(names, test_case):
             if attr.startswith("test") and callable(fn):
                 methods[attr] = (fn, bool(getattr(fn, "__unittest_skip__", False)),
                                  bool(getattr(fn, "__unittest_expecting_failure__", False)))
-        plan.append((cls, {"class_name": name, "methods": methods, "skip": bool(getattr(cls, "__unittest_skip__", False)),
+        skip = bool(getattr(cls, "__unittest_skip__", False))
+        plan.append((cls, {"class_name": name, "methods": methods, "skip": skip,
                            "setUp": cls.setUp, "tearDown": cls.tearDown, "setUpClass": cls.setUpClass,
                            "tearDownClass": cls.tearDownClass, "doClassCleanups": cls.doClassCleanups}))
     return plan
@@ -401,7 +402,8 @@ def run_inprocess(job, host, namespace, install_signal_filter, runtime):
         patched_paths, patched_names = patch_targets(job["tests"])
         private.update(plan=plan, skip_exception=unittest.SkipTest, patched_paths=patched_paths,
                        patched_names=patched_names, testcase_init=unittest.TestCase.__init__,
-                       set_up_module=defined.get("setUpModule", noop), tear_down_module=defined.get("tearDownModule", noop),
+                       set_up_module=defined.get("setUpModule", noop),
+                       tear_down_module=defined.get("tearDownModule", noop),
                        flag_cells={id(c): _flag_cell(c) for c in _classes_to_freeze(plan)})
         for cls in _classes_to_freeze(plan):
             private["freeze"](cls)
