@@ -20,10 +20,12 @@ root, a dedicated unprivileged uid each):
 `io` runs are scripts whose stdout lands in a memfd that this process compares
 as a bounded stream. This process never waits on a socket a program holds past
 the run's deadline: it reads without blocking (`reward/sandbox_streams.py`), or,
-judging plain asserts itself, with every read bounded by the deadline. Tasks
-whose tests need more than plain data (`AssertTests.mode == "inprocess"`) run
-program and tests in one process, as before this design: that verdict can be
-forged, and `data build` keeps such tasks out of training sets.
+judging plain asserts itself, with every read bounded by the deadline. Tasks whose
+tests need more than plain data (`AssertTests.mode == "inprocess"`, and
+`UnittestTests`) run program and tests in one process under a harness set up before
+the program loads (`reward/sandbox_harness.py`); the host accepts only its verdict,
+which carries a token sent with the job, and only if it names every test the source
+defines.
 
 Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
 the same servers without namespaces and warns loudly: use it only on programs
@@ -43,6 +45,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import select
 import selectors
 import shutil
@@ -63,7 +66,8 @@ from reward import sandbox_direct
 from reward.cgroups import RunCgroup
 from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
-from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
+from reward.sandbox_harness import expected_tests
+from reward.schema import AssertTests, IOTests, Task, Tests, UnittestTests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed", "unverifiable"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
@@ -72,8 +76,10 @@ _HERE = Path(__file__).parent
 CODEC_SOURCE = (_HERE / "sandbox_codec.py").read_text()
 SPARES_SOURCE = "\n".join([CODEC_SOURCE, (_HERE / "sandbox_preload.py").read_text(),
                            (_HERE / "sandbox_spares.py").read_text()])
+# The harness's run-time part is sealed in the run process (`reward/sandbox_harness.py`), so it travels as text.
 ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_text(),
-                           (_HERE / "sandbox_server.py").read_text()])
+                           f"HARNESS_RUNTIME = {(_HERE / 'sandbox_harness_runtime.py').read_text()!r}",
+                           (_HERE / "sandbox_harness.py").read_text(), (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
 # Part of every job's cache key: a verdict cached by other sandbox code is not reused.
 SANDBOX_DIGEST = hashlib.sha256((ZYGOTE_SOURCE + JUDGE_SOURCE + (_HERE / "sandbox_direct.py").read_text()
@@ -158,8 +164,8 @@ class Job:
 
     @property
     def mode(self) -> str:
-        """How the tests run: `proxy` or `inprocess` (assert tests), or `io`."""
-        return self.tests.mode if isinstance(self.tests, AssertTests) else "io"
+        """How the tests run: `proxy` or `inprocess` (assert tests), `inprocess` (unittest tests), or `io`."""
+        return "io" if isinstance(self.tests, IOTests) else self.tests.mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -715,17 +721,58 @@ def _excerpt(fd: int) -> str:
     return text + (f"\n... [{size - EXCERPT} more bytes]" if size > EXCERPT else "")
 
 
-def _job_frame(job: Job) -> bytes | None:
-    """The job as the run process receives it, or None when it is over the codec's message limit."""
+def _job_frame(job: Job, token: str = "") -> bytes | None:
+    """The job as the run process receives it, or None when it is over the codec's message limit.
+
+    An `inprocess` job carries its tests, their kind and `token`, which only the harness's verdict can carry back.
+    """
     mode = job.mode
     msg = {"op": "job", "mode": mode, "fds": ["stdin", "stdout", "stderr"] + (["judge"] if mode == "proxy" else []),
            "program": job.program, "limits": job.limits.to_json()}
     if mode == "inprocess":
-        msg["tests"] = job.tests.code
+        msg.update(tests=job.tests.code, kind="unittest" if isinstance(job.tests, UnittestTests) else "assert",
+                   token=token)
     try:
         return frame(msg)
     except CodecError:
         return None
+
+
+def _expected_tests(tests: Tests) -> list[str] | None:
+    """The tests an `inprocess` verdict must report, read from their source (None: it does not parse)."""
+    if not isinstance(tests, UnittestTests):
+        return ["tests"]
+    try:
+        return expected_tests(tests.code)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
+def _harness_verdict(out: _Outcome, token: str, expected: list[str] | None) -> tuple[str | None, str]:
+    """The status an `inprocess` run's verdict gives (None: no verdict came, or it lacks a test) and its detail.
+
+    Only a frame with the run's token counts: the program cannot produce one.
+    """
+    verdicts = [v for v in out.verdicts if v.get("token") == token]
+    if not verdicts:
+        return None, "no verdict from the harness: the run ended before its tests did"
+    v = verdicts[0]
+    if not v.get("loaded"):
+        return "error", "the tests could not be set up or the program did not load"
+    tests = v.get("tests") or []
+    statuses = {name: status for name, status in tests}
+    failing = [f"{name} ({status})" for name, status in tests if status not in ("pass", "skip")]
+    if v.get("refused"):
+        return "fail", "refused in the sandbox: " + "; ".join(v["refused"][:5])
+    if not expected or sorted(statuses) != sorted(expected) or len(tests) != len(expected):
+        return "error", f"the tests that ran differ from those the source defines ({len(tests)} ran)"
+    if failing:
+        worst = "fail" if any(s == "fail" for s in statuses.values()) else "error"
+        passed = len(tests) - len(failing)
+        return worst, f"{passed} of {len(tests)} tests passed; not passed: " + ", ".join(failing[:10])
+    if expected and all(s == "skip" for s in statuses.values()):
+        return "fail", "every test was skipped"
+    return "pass", f"{len(tests)} tests passed"
 
 
 def _recv_hello(sock: socket.socket) -> int | None:
@@ -752,7 +799,7 @@ class _Outcome:
     exited: bool = False
     timed_out: bool = False
     judge: dict | None = None
-    done: bool = False
+    verdicts: list = dataclasses.field(default_factory=list)  # inprocess: the frames that claim to be verdicts
     duration_s: float = 0.0
     stdout: str = ""
     stderr: str = ""
@@ -834,7 +881,8 @@ class SandboxWorker:
         """Run one job; raises `WorkerDied` if a server is gone or stops answering."""
         if not self.alive():
             raise WorkerDied("sandbox server is not running")
-        message = _job_frame(job)
+        token = secrets.token_hex(32) if job.mode == "inprocess" else ""
+        message = _job_frame(job, token)
         if message is None:
             return RunResult(False, "error", 0.0, stderr=f"refused unrun: the job is over the sandbox's "
                              f"{MAX_BYTES >> 20} MiB limit on one message")
@@ -852,7 +900,9 @@ class SandboxWorker:
         if mode == "proxy":
             ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"
         else:
-            ok = out.done and out.exited and out.exit == 0
+            harness_status, detail = _harness_verdict(out, token, _expected_tests(job.tests))
+            out.judge = {"outcome": harness_status, "detail": detail}
+            ok = out.exited and harness_status == "pass"
         status = _classify(out, ok, mode)
         stderr = out.stderr
         if out.judge is not None and out.judge.get("detail"):
@@ -993,7 +1043,7 @@ class SandboxWorker:
                             frames, closed = readers["host"].read()
                         except CodecError:
                             frames, closed = [], True
-                        out.done = out.done or any(msg.get("op") == "done" for msg in frames)
+                        out.verdicts += [msg for msg in frames if msg.get("op") == "verdict"]
                         if closed:
                             sel.unregister(host)
                     elif key.data == "judge":
@@ -1057,7 +1107,7 @@ def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
     if mode == "proxy":
         return "fail" if (out.judge or {}).get("outcome") == "fail" else "error"
     if mode == "inprocess":
-        return "fail" if out.exit == 3 else "error"
+        return (out.judge or {}).get("outcome") or "fail"
     return "error" if out.exit != 0 else "fail"
 
 

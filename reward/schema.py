@@ -36,11 +36,10 @@ class AssertTests:
 
     `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
     separate trusted process where the program's names are proxies that pass
-    plain data; `inprocess` runs them after the program in its own `__main__`
-    namespace, for tests that need more (a module passed to the program, a function
-    named like a built-in).
-    An `inprocess` verdict can be forged by the program: such tasks stay out of
-    training sets by default.
+    plain data; `inprocess` runs them in the program's process, for tests that
+    need more (methods of returned objects, callbacks), under a harness set up
+    before the program loads whose verdict resists forgery (docs/sandbox.md, "The
+    inprocess harness", says what it stops and what it does not).
     """
 
     code: str
@@ -60,7 +59,23 @@ class IOTests:
     cases: tuple[IOCase, ...]
 
 
-Tests = Union[AssertTests, IOTests]
+@dataclasses.dataclass(frozen=True)
+class UnittestTests:
+    """A test module of `unittest.TestCase` classes, run in the program's process (mode `inprocess`).
+
+    Every `test*` method of every TestCase subclass the module defines runs, classes and
+    methods in name order as unittest's loader orders them, with fixtures, cleanups and
+    `subTest` as unittest runs them. The program's top-level names are visible to the tests.
+    """
+
+    code: str
+
+    @property
+    def mode(self) -> str:
+        return "inprocess"
+
+
+Tests = Union[AssertTests, IOTests, UnittestTests]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +96,9 @@ class Task:
 
     @property
     def forgeable(self) -> bool:
-        """Its tests run `inprocess`, where the program could forge the verdict: keep it out of training."""
-        return isinstance(self.tests, AssertTests) and self.tests.mode == "inprocess"
+        """Whether the program could forge its verdict: never, since `inprocess` runs are hardened too
+        (docs/sandbox.md, "Test modes"). Kept so that readers of older configs and tasks still work."""
+        return False
 
     @property
     def is_clean(self) -> bool:
@@ -116,6 +132,8 @@ def tests_to_json(tests: Tests) -> dict[str, Any]:
         if tests.mode != "proxy":
             obj["mode"] = tests.mode
         return obj
+    if isinstance(tests, UnittestTests):
+        return {"kind": "unittest", "code": tests.code}
     return {"kind": "io", "cases": [{"stdin": c.stdin, "stdout": c.stdout} for c in tests.cases]}
 
 
@@ -132,6 +150,13 @@ def tests_from_json(obj: Any) -> Tests:
         if mode not in TEST_MODES:
             raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {mode!r}")
         return AssertTests(code, mode)
+    if kind == "unittest":
+        code = obj.get("code")
+        if not isinstance(code, str):
+            raise ValueError("field 'tests.code' must be a string")
+        if obj.get("mode", "inprocess") != "inprocess":
+            raise ValueError(f"field 'tests.mode' of unittest tests must be 'inprocess', got {obj['mode']!r}")
+        return UnittestTests(code)
     if kind == "io":
         cases = obj.get("cases")
         if not isinstance(cases, list) or not cases:
@@ -145,7 +170,7 @@ def tests_from_json(obj: Any) -> Tests:
                     raise ValueError(f"field 'tests.cases[{i}].{key}' must be a string")
             parsed.append(IOCase(case["stdin"], case["stdout"]))
         return IOTests(tuple(parsed))
-    raise ValueError(f"field 'tests.kind' must be 'assert' or 'io', got {kind!r}")
+    raise ValueError(f"field 'tests.kind' must be 'assert', 'unittest' or 'io', got {kind!r}")
 
 
 _REQUIRED_STR = ("task_id", "base_id", "prompt", "buggy_code", "solution")
