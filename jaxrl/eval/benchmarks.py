@@ -1,0 +1,308 @@
+"""Out-of-distribution benchmarks as task sets: readers of the public files and their graders.
+
+Each benchmark is read from a path the user supplies (docs/eval.md gives the downloads) into
+`BenchTask`s: the prompt's user message, how an answer becomes a program, and the tests that
+program runs against in the sandbox (`reward.fleet.Fleet`), where the verdict is decided.
+
+- `humaneval+` / `mbpp+` (EvalPlus): the program is the answer's code; the tests call its entry
+  point on every base and plus input and compare each answer with the canonical solution's
+  output on the same input, exactly or within `atol` (1e-6 for float outputs when the file gives
+  0, as EvalPlus does). The canonical solution runs in the judge, on a deep copy of each input,
+  in the same sandbox run: the sandbox hands back at most 2 KiB of a run's output, so expected
+  outputs cannot be computed once and kept without changing `reward/`. One run per problem
+  computes all of its expected outputs and checks all of its inputs. `humaneval` / `mbpp` are
+  the base inputs only.
+- `cruxeval-o` / `cruxeval-i`: the answer is a Python expression (the output, or the call's
+  arguments), evaluated in the program's process; the judge runs the benchmark's `f` itself and
+  asserts `f(input) == output` on plain data, as CRUXEval grades by execution.
+- `bigcodebench`: the instruct prompt; the program is the answer's code and the tests are the
+  task's `unittest.TestCase` class (`{"kind": "unittest"}` tests, docs/sandbox.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxrl import prompts
+from reward.extract import answer_text, extract_program
+from reward.sandbox import Job, Limits
+from reward.sandbox_codec import MAX_BYTES, MAX_INT_BITS, MAX_ITEMS
+from reward.schema import AssertTests, Prediction, Tests, tests_from_json
+
+BENCHMARKS = ("humaneval+", "humaneval", "mbpp+", "mbpp", "cruxeval-o", "cruxeval-i", "bigcodebench")
+# Answer kinds: a program, CRUXEval-O's output expression, CRUXEval-I's argument list.
+CODE, OUTPUT, INPUT = "code", "output", "input"
+# Seconds of one sandbox run: EvalPlus problems check up to ~1,000 inputs through the proxy in one run.
+TIMEOUT_S = {"humaneval+": 60.0, "humaneval": 20.0, "mbpp+": 60.0, "mbpp": 20.0, "cruxeval-o": 10.0,
+             "cruxeval-i": 10.0, "bigcodebench": 60.0}
+FLOAT_ATOL = 1e-6  # EvalPlus's tolerance for float outputs when a problem gives atol 0
+
+
+class BenchmarkError(ValueError):
+    """A benchmark file that cannot be read as the benchmark named; the message says where and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchTask:
+    """One benchmark problem.
+
+    Attributes:
+        task_id: the benchmark's id (`HumanEval/0`, `Mbpp/2`, `sample_0`, `BigCodeBench/13`).
+        messages: the chat messages of the benchmark's standard prompt (`jaxrl.prompts`).
+        kind: what an answer is: `code`, or CRUXEval's `output` / `input` expression.
+        tests: what the answer's program runs against (built by `tests_from_json`).
+        reference: an answer that passes: the canonical program, or CRUXEval's true expression.
+        timeout_s: seconds of the one sandbox run that grades an answer.
+    """
+
+    task_id: str
+    messages: list[dict[str, str]]
+    kind: str
+    tests: Tests
+    reference: str
+    timeout_s: float
+
+    @property
+    def is_clean(self) -> bool:
+        """Never: a benchmark problem samples with the buggy tasks' budgets (`evaluate.batches`)."""
+        return False
+
+
+def load_benchmark(name: str, path: str | os.PathLike) -> list[BenchTask]:
+    """The problems of benchmark `name` from the file at `path` (`.jsonl` or `.jsonl.gz`), in file order."""
+    if name not in BENCHMARKS:
+        raise BenchmarkError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    records = read_records(path)
+    build = {"humaneval+": evalplus_task, "humaneval": evalplus_task, "mbpp+": evalplus_task, "mbpp": evalplus_task,
+             "cruxeval-o": cruxeval_task, "cruxeval-i": cruxeval_task, "bigcodebench": bigcodebench_task}[name]
+    tasks = []
+    for lineno, record in records:
+        try:
+            tasks.append(build(name, record))
+        except (KeyError, TypeError, ValueError, SyntaxError) as e:
+            raise BenchmarkError(f"{path}:{lineno}: not a {name} record ({type(e).__name__}: {e})") from None
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise BenchmarkError(f"{path}: task ids repeat")
+    return tasks
+
+
+def read_records(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSONL file, gzipped when its name ends in .gz."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise BenchmarkError(f"{path}: {e}") from None
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                out.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise BenchmarkError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+    return out
+
+
+def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
+    """A HumanEval+ or MBPP+ problem; `humaneval` / `mbpp` keep the base inputs only."""
+    inputs = list(record["base_input"]) + (list(record["plus_input"]) if name.endswith("+") else [])
+    if record["task_id"].startswith("HumanEval/"):
+        reference = record["prompt"] + record["canonical_solution"]
+    else:
+        reference = record["canonical_solution"]
+    atol = float(record.get("atol") or 0)
+    tests = evalplus_tests(reference, record["entry_point"], inputs, atol)
+    problem = record["prompt"].strip()
+    return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE, tests,
+                     reference, TIMEOUT_S[name])
+
+
+# The judge's side of an EvalPlus check. The reference runs in its own namespace so that its names
+# never shadow the program's, and every call gets a fresh deep copy of the input.
+_EVALPLUS_CHECK = '''\
+import copy as _copy
+import json as _json
+
+_candidate = {entry}
+_reference_names = {{"__name__": "reference"}}
+exec({reference!r}, _reference_names)
+_reference = _reference_names[{entry!r}]
+_ATOL = {atol!r}
+
+
+def _is_floats(x):
+    if isinstance(x, float):
+        return True
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(v, float) for v in x)
+
+
+def _close(out, expected, args):
+    if {entry!r} == "find_zero":  # any root is an answer: the reference's poly must vanish there
+        return isinstance(out, (int, float)) and abs(_reference_names["poly"](*args, out)) <= (_ATOL or {float_atol!r})
+    if out == expected:
+        return True
+    atol = _ATOL or ({float_atol!r} if _is_floats(expected) else 0)
+    if not atol or type(out) is not type(expected):
+        return False
+    pairs = list(zip(out, expected)) if isinstance(expected, (list, tuple)) else [(out, expected)]
+    if isinstance(expected, (list, tuple)) and len(out) != len(expected):
+        return False
+    return all(isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= atol + 1e-7 * abs(b)
+               for a, b in pairs)
+
+
+def _crosses(value):
+    """Whether a value lies well within the proxy's limits on one message (values, integer bits, bytes)."""
+    count, size, stack = 0, 0, [value]
+    while stack:
+        v = stack.pop()
+        count += 1
+        if count > {max_items} // 2 or (isinstance(v, int) and v.bit_length() > {max_int_bits} // 2):
+            return False
+        if isinstance(v, (str, bytes, bytearray)):
+            size += len(v)
+            if size > {max_bytes} // 4:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return True
+
+
+for _i, _args in enumerate(_json.loads({inputs!r})):
+    _expected = _reference(*_copy.deepcopy(_args))
+    if not (_crosses(_args) and _crosses(_expected)):
+        continue  # an answer this large cannot cross the proxy: the input is not checked
+    _out = _candidate(*_copy.deepcopy(_args))
+    assert _close(_out, _expected, _args), f"input {{_i}}: got {{_out!r:.200}}, expected {{_expected!r:.200}}"
+'''
+
+
+def evalplus_tests(reference: str, entry_point: str, inputs: Sequence[Any], atol: float) -> AssertTests:
+    """Proxy-mode tests checking the program's `entry_point` against the reference on every input."""
+    if not entry_point.isidentifier():
+        raise ValueError(f"entry point {entry_point!r} is not a name")
+    ast.parse(reference)
+    code = _EVALPLUS_CHECK.format(entry=entry_point, reference=reference, atol=atol, float_atol=FLOAT_ATOL,
+                                  inputs=json.dumps(inputs), max_items=MAX_ITEMS, max_int_bits=MAX_INT_BITS,
+                                  max_bytes=MAX_BYTES)
+    return AssertTests(code)
+
+
+def cruxeval_task(name: str, record: dict[str, Any]) -> BenchTask:
+    """A CRUXEval problem as output prediction (`cruxeval-o`) or input prediction (`cruxeval-i`)."""
+    code, given_input, output = record["code"], record["input"], record["output"]
+    for text in (code, f"f({given_input})", f"({output})"):
+        ast.parse(text)
+    if name == "cruxeval-o":
+        messages = prompts.benchmark_messages("cruxeval_o", code=code, input=given_input)
+        check = f"{code}\n\nassert f({given_input}) == ANSWER\n"
+        return BenchTask(record["id"], messages, OUTPUT, AssertTests(check), output, TIMEOUT_S[name])
+    messages = prompts.benchmark_messages("cruxeval_i", code=code, output=output)
+    check = f"{code}\n\nassert f(*ANSWER[0], **ANSWER[1]) == ({output})\n"
+    return BenchTask(record["id"], messages, INPUT, AssertTests(check), given_input, TIMEOUT_S[name])
+
+
+def bigcodebench_task(name: str, record: dict[str, Any]) -> BenchTask:
+    """A BigCodeBench problem under its instruct prompt, tested by its `TestCases` class."""
+    tests = tests_from_json({"kind": "unittest", "code": record["test"]})
+    messages = prompts.benchmark_messages("evalplus", problem=record["instruct_prompt"].strip())
+    return BenchTask(record["task_id"], messages, CODE, tests, record["complete_prompt"] + record["canonical_solution"],
+                     TIMEOUT_S[name])
+
+
+def unittest_supported() -> bool:
+    """Whether this checkout's sandbox runs `{"kind": "unittest"}` tests (BigCodeBench needs them)."""
+    try:
+        tests_from_json({"kind": "unittest", "code": ""})
+    except ValueError:
+        return False
+    return True
+
+
+_ANSWER_BLOCK = re.compile(r"\[ANSWER\](.*?)(?:\[/ANSWER\]|$)", re.DOTALL)
+
+
+def cruxeval_answer(text: str, kind: str) -> str | None:
+    """CRUXEval's answer in a response's text: the output expression or the argument list, None if none.
+
+    The last `[ANSWER]` block (to the end of the text when it is not closed; the whole text when there
+    is none) holds `assert f(ARGS) == OUTPUT`; the output is what follows the last `==`, the arguments
+    what lies between `f(` and that `==`'s closing parenthesis, as CRUXEval's own reader splits them.
+    """
+    blocks = _ANSWER_BLOCK.findall(text)
+    body = (blocks[-1] if blocks else text).strip().strip("`").strip()
+    if body.startswith("python\n"):
+        body = body[len("python\n"):]
+    lines = [line for line in body.split("\n") if line.strip()]
+    assertion = next((line.strip() for line in reversed(lines) if line.strip().startswith("assert")), None)
+    if assertion is None:
+        return body or None if kind == OUTPUT else None
+    call = _assertion_parts(assertion)
+    if call is not None:
+        return call[1] if kind == INPUT else call[2]
+    if "==" not in assertion:
+        return None
+    left, _, right = assertion.rpartition("==")
+    if kind == OUTPUT:
+        return right.strip() or None
+    start, end = left.find("f("), left.rfind(")")
+    return left[start + 2:end].strip() if 0 <= start < end else None
+
+
+def _assertion_parts(assertion: str) -> tuple[str, str, str] | None:
+    """(function, argument source, output source) of `assert f(ARGS) == OUTPUT`, None when it is not one."""
+    try:
+        node = ast.parse(assertion).body[0]
+    except (SyntaxError, IndexError, ValueError):
+        return None
+    test = getattr(node, "test", None)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.left, ast.Call)):
+        return None
+    call = test.left
+    segment = ast.get_source_segment(assertion, call)
+    func = ast.get_source_segment(assertion, call.func)
+    if segment is None or func is None:
+        return None
+    arguments = segment[len(func):].strip()[1:-1].strip()
+    return func, arguments, ast.get_source_segment(assertion, test.comparators[0]) or ""
+
+
+def answer_of(task: BenchTask, prediction: Prediction) -> str | None:
+    """The answer a prediction gives: its `code` as is, else the program (or CRUXEval expression) in
+    its `response` after the thinking; None when there is none."""
+    if prediction.code is not None:
+        return prediction.code
+    response = prediction.response or ""
+    if task.kind == CODE:
+        return extract_program(response, bool(prediction.think_opened))
+    text = answer_text(response, bool(prediction.think_opened))
+    return None if text is None else cruxeval_answer(text, task.kind)
+
+
+def program_of(task: BenchTask, answer: str) -> str:
+    """The program an answer runs as: the code itself, or the CRUXEval expression bound to `ANSWER`
+    (for `input`, the (positional, keyword) arguments of a call with that argument list)."""
+    if task.kind == CODE:
+        return answer
+    if task.kind == OUTPUT:
+        return f"ANSWER = (\n{answer}\n)\n"
+    return f"ANSWER = (lambda *args, **kwargs: (args, kwargs))(\n{answer}\n)\n"
+
+
+def job_of(task: BenchTask, answer: str) -> Job:
+    """The sandbox run that grades one answer."""
+    return Job(program_of(task, answer).rstrip(" \t\r\n"), task.tests, Limits(timeout_s=task.timeout_s))
