@@ -22,11 +22,13 @@ program runs against in the sandbox (`reward.fleet.Fleet`), where the verdict is
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import gzip
 import json
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,9 @@ BENCHMARKS = ("humaneval+", "humaneval", "mbpp+", "mbpp", "cruxeval-o", "cruxeva
 # Answer kinds: a program, CRUXEval-O's output expression, CRUXEval-I's argument list.
 CODE, OUTPUT, INPUT = "code", "output", "input"
 # Seconds of one sandbox run: EvalPlus problems check up to ~1,000 inputs through the proxy in one run.
-TIMEOUT_S = {"humaneval+": 60.0, "humaneval": 20.0, "mbpp+": 60.0, "mbpp": 20.0, "cruxeval-o": 10.0,
+TIMEOUT_S = {"humaneval+": 120.0, "humaneval": 20.0, "mbpp+": 120.0, "mbpp": 20.0, "cruxeval-o": 10.0,
              "cruxeval-i": 10.0, "bigcodebench": 60.0}
+MEMORY_MB = 4096  # one run holds the reference's and the answer's outputs of the largest EvalPlus inputs
 FLOAT_ATOL = 1e-6  # EvalPlus's tolerance for float outputs when a problem gives atol 0
 
 
@@ -58,6 +61,7 @@ class BenchTask:
         task_id: the benchmark's id (`HumanEval/0`, `Mbpp/2`, `sample_0`, `BigCodeBench/13`).
         messages: the chat messages of the benchmark's standard prompt (`jaxrl.prompts`).
         kind: what an answer is: `code`, or CRUXEval's `output` / `input` expression.
+        entry_point: the function the tests call (CRUXEval's `f`, run by the judge itself).
         tests: what the answer's program runs against (built by `tests_from_json`).
         reference: an answer that passes: the canonical program, or CRUXEval's true expression.
         timeout_s: seconds of the one sandbox run that grades an answer.
@@ -66,6 +70,7 @@ class BenchTask:
     task_id: str
     messages: list[dict[str, str]]
     kind: str
+    entry_point: str
     tests: Tests
     reference: str
     timeout_s: float
@@ -116,15 +121,32 @@ def read_records(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
 def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
     """A HumanEval+ or MBPP+ problem; `humaneval` / `mbpp` keep the base inputs only."""
     inputs = list(record["base_input"]) + (list(record["plus_input"]) if name.endswith("+") else [])
-    if record["task_id"].startswith("HumanEval/"):
-        reference = record["prompt"] + record["canonical_solution"]
-    else:
-        reference = record["canonical_solution"]
+    canonical, entry = record["canonical_solution"], record["entry_point"]
+    # HumanEval's canonical solution is the body under the prompt's signature; MBPP's a whole program.
+    reference = canonical if _defines(canonical, entry) else record["prompt"] + canonical
     atol = float(record.get("atol") or 0)
-    tests = evalplus_tests(reference, record["entry_point"], inputs, atol)
+    tests = evalplus_tests(reference, entry, inputs, atol, argument_shapes(record.get("assertion", ""), entry))
     problem = record["prompt"].strip()
-    return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE, tests,
+    return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE,
+                     entry, tests,
                      reference, TIMEOUT_S[name])
+
+
+def _parse(source: str) -> ast.Module:
+    """A benchmark's program parsed, quietly (MBPP's solutions hold regexes with invalid string escapes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(source)
+
+
+def _defines(source: str, name: str) -> bool:
+    """Whether `source` is a program that defines function `name` at its top level."""
+    try:
+        tree = _parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(node, ast.FunctionDef) and node.name == name for node in tree.body)
 
 
 # The judge's side of an EvalPlus check. The reference runs in its own namespace so that its names
@@ -132,6 +154,8 @@ def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
 _EVALPLUS_CHECK = '''\
 import copy as _copy
 import json as _json
+
+import ast as _ast
 
 _candidate = {entry}
 _reference_names = {{"__name__": "reference"}}
@@ -146,11 +170,36 @@ def _is_floats(x):
     return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(v, float) for v in x)
 
 
+_RULE = {rule!r}
+_SHAPES = {shapes!r}
+
+
+def _tuples(value, deep):
+    if not isinstance(value, list):
+        return value
+    return tuple(_tuples(v, deep) if deep else v for v in value)
+
+
+def _shaped(args):
+    """The input as the problem's own assertion passes it: tuples and numbers written as text rebuilt."""
+    args = list(args)
+    for i, shape in enumerate(_SHAPES[:len(args)]):
+        if shape == "number" and isinstance(args[i], str):
+            args[i] = _ast.literal_eval(args[i])
+        elif shape in ("tuple", "deep_tuple"):
+            args[i] = _tuples(args[i], shape == "deep_tuple")
+    return args
+
+
 def _close(out, expected, args):
-    if {entry!r} == "find_zero":  # any root is an answer: the reference's poly must vanish there
+    if _RULE == "root":  # any root is an answer: the reference's poly must vanish there
         return isinstance(out, (int, float)) and abs(_reference_names["poly"](*args, out)) <= (_ATOL or {float_atol!r})
+    if _RULE == "none":  # a match object or None: only whether there is a match counts
+        return (out is None) == (expected is None)
     if out == expected:
         return True
+    if _RULE == "set":
+        return isinstance(out, (list, tuple, set)) and type(out) is type(expected) and set(out) == set(expected)
     atol = _ATOL or ({float_atol!r} if _is_floats(expected) else 0)
     if not atol or type(out) is not type(expected):
         return False
@@ -182,6 +231,7 @@ def _crosses(value):
 
 
 for _i, _args in enumerate(_json.loads({inputs!r})):
+    _args = _shaped(_args)
     _expected = _reference(*_copy.deepcopy(_args))
     if not (_crosses(_args) and _crosses(_expected)):
         continue  # an answer this large cannot cross the proxy: the input is not checked
@@ -190,15 +240,62 @@ for _i, _args in enumerate(_json.loads({inputs!r})):
 '''
 
 
-def evalplus_tests(reference: str, entry_point: str, inputs: Sequence[Any], atol: float) -> AssertTests:
-    """Proxy-mode tests checking the program's `entry_point` against the reference on every input."""
+def comparison_rule(entry_point: str) -> str:
+    """How an answer is compared with the reference's output: `equal` (exactly, or within atol), or one
+    of EvalPlus's exceptions: `root` (HumanEval/32: any root of the polynomial), `none` (MBPP's regex
+    problems: a match or not), `set` (MBPP problems whose reference returns a set's iteration order,
+    which string hashing makes differ between processes)."""
+    if entry_point == "find_zero":
+        return "root"
+    if entry_point in ("check_str", "text_match_three", "text_starta_endb"):
+        return "none"
+    if entry_point in ("similar_elements", "find_dissimilar", "Diff", "find_char_long", "common_in_nested_lists"):
+        return "set"
+    return "equal"
+
+
+def argument_shapes(assertion: str, entry_point: str) -> list[str | None]:
+    """Per argument, what the problem's own assertion passes where the JSON inputs cannot say it:
+    `tuple` / `deep_tuple` (a tuple, of tuples), `number` (a number, written as text in MBPP+'s inputs
+    of complex numbers), or None. MBPP+ stores its inputs as JSON, which has no tuples or complex numbers."""
+    try:
+        tree = _parse(assertion)
+    except SyntaxError:
+        return []
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == entry_point]
+    if not calls:
+        return []
+    shapes: list[str | None] = []
+    for arg in calls[0].args:
+        try:
+            value = ast.literal_eval(arg)
+        except ValueError:
+            shapes.append(None)
+            continue
+        if isinstance(value, tuple):
+            shapes.append("deep_tuple" if any(isinstance(v, tuple) for v in value) else "tuple")
+        elif isinstance(value, (int, float, complex)) and not isinstance(value, bool):
+            shapes.append("number")
+        else:
+            shapes.append(None)
+    return shapes
+
+
+def evalplus_tests(reference: str, entry_point: str, inputs: Sequence[Any], atol: float,
+                   shapes: Sequence[str | None] = ()) -> AssertTests:
+    """Tests checking the program's `entry_point` against the reference on every input.
+
+    They run in `proxy` mode, except for an entry point named like a built-in (MBPP's `sum`),
+    which proxy mode never binds: that one runs `inprocess` (forgeable, docs/sandbox.md).
+    """
     if not entry_point.isidentifier():
         raise ValueError(f"entry point {entry_point!r} is not a name")
-    ast.parse(reference)
+    if not _defines(reference, entry_point):
+        raise ValueError(f"the canonical solution does not define {entry_point}")
     code = _EVALPLUS_CHECK.format(entry=entry_point, reference=reference, atol=atol, float_atol=FLOAT_ATOL,
                                   inputs=json.dumps(inputs), max_items=MAX_ITEMS, max_int_bits=MAX_INT_BITS,
-                                  max_bytes=MAX_BYTES)
-    return AssertTests(code)
+                                  max_bytes=MAX_BYTES, rule=comparison_rule(entry_point), shapes=list(shapes))
+    return AssertTests(code, "inprocess" if hasattr(builtins, entry_point) else "proxy")
 
 
 def cruxeval_task(name: str, record: dict[str, Any]) -> BenchTask:
@@ -209,18 +306,18 @@ def cruxeval_task(name: str, record: dict[str, Any]) -> BenchTask:
     if name == "cruxeval-o":
         messages = prompts.benchmark_messages("cruxeval_o", code=code, input=given_input)
         check = f"{code}\n\nassert f({given_input}) == ANSWER\n"
-        return BenchTask(record["id"], messages, OUTPUT, AssertTests(check), output, TIMEOUT_S[name])
+        return BenchTask(record["id"], messages, OUTPUT, "f", AssertTests(check), output, TIMEOUT_S[name])
     messages = prompts.benchmark_messages("cruxeval_i", code=code, output=output)
     check = f"{code}\n\nassert f(*ANSWER[0], **ANSWER[1]) == ({output})\n"
-    return BenchTask(record["id"], messages, INPUT, AssertTests(check), given_input, TIMEOUT_S[name])
+    return BenchTask(record["id"], messages, INPUT, "f", AssertTests(check), given_input, TIMEOUT_S[name])
 
 
 def bigcodebench_task(name: str, record: dict[str, Any]) -> BenchTask:
     """A BigCodeBench problem under its instruct prompt, tested by its `TestCases` class."""
     tests = tests_from_json({"kind": "unittest", "code": record["test"]})
     messages = prompts.benchmark_messages("evalplus", problem=record["instruct_prompt"].strip())
-    return BenchTask(record["task_id"], messages, CODE, tests, record["complete_prompt"] + record["canonical_solution"],
-                     TIMEOUT_S[name])
+    return BenchTask(record["task_id"], messages, CODE, record["entry_point"], tests,
+                     record["complete_prompt"] + record["canonical_solution"], TIMEOUT_S[name])
 
 
 def unittest_supported() -> bool:
@@ -305,4 +402,5 @@ def program_of(task: BenchTask, answer: str) -> str:
 
 def job_of(task: BenchTask, answer: str) -> Job:
     """The sandbox run that grades one answer."""
-    return Job(program_of(task, answer).rstrip(" \t\r\n"), task.tests, Limits(timeout_s=task.timeout_s))
+    return Job(program_of(task, answer).rstrip(" \t\r\n"), task.tests,
+               Limits(timeout_s=task.timeout_s, memory_mb=MEMORY_MB))
