@@ -231,6 +231,7 @@ def test_eval_benchmark_end_to_end_with_a_scripted_server_resumes_and_compares(t
     table = (tmp_path / "c" / "compare.md").read_text()
     assert "| model | humaneval+ (n=3) |" in table
     assert "| base | 66.7 (" in table and "| tuned | 66.7 (" in table
+    assert cli.main(["eval", "compare", "--group", f"x={tmp_path / 'a'}", "--out", str(tmp_path / "g")]) == 2
 
 
 @needs(CRUXEVAL)

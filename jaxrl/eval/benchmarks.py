@@ -125,10 +125,9 @@ def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
     # HumanEval's canonical solution is the body under the prompt's signature; MBPP's a whole program.
     reference = canonical if _defines(canonical, entry) else record["prompt"] + canonical
     atol = float(record.get("atol") or 0)
-    tests = evalplus_tests(reference, entry, inputs, atol, argument_shapes(record.get("assertion", ""), entry))
+    tests = evalplus_tests(reference, entry, inputs, atol, argument_shapes(record.get("assertion", ""), entry, inputs))
     problem = record["prompt"].strip()
-    return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE,
-                     entry, tests,
+    return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE, entry, tests,
                      reference, TIMEOUT_S[name])
 
 
@@ -254,10 +253,11 @@ def comparison_rule(entry_point: str) -> str:
     return "equal"
 
 
-def argument_shapes(assertion: str, entry_point: str) -> list[str | None]:
+def argument_shapes(assertion: str, entry_point: str, inputs: Sequence[Any]) -> list[str | None]:
     """Per argument, what the problem's own assertion passes where the JSON inputs cannot say it:
-    `tuple` / `deep_tuple` (a tuple, of tuples), `number` (a number, written as text in MBPP+'s inputs
-    of complex numbers), or None. MBPP+ stores its inputs as JSON, which has no tuples or complex numbers."""
+    `tuple` / `deep_tuple` (a tuple, of tuples), `number` (a number that the inputs write as text,
+    as MBPP+ writes complex numbers: every text input in that place reads as a number), or None.
+    MBPP+ stores its inputs as JSON, which has no tuples or complex numbers."""
     try:
         tree = _parse(assertion)
     except SyntaxError:
@@ -275,10 +275,20 @@ def argument_shapes(assertion: str, entry_point: str) -> list[str | None]:
         if isinstance(value, tuple):
             shapes.append("deep_tuple" if any(isinstance(v, tuple) for v in value) else "tuple")
         elif isinstance(value, (int, float, complex)) and not isinstance(value, bool):
-            shapes.append("number")
+            place = len(shapes)
+            texts = [args[place] for args in inputs if len(args) > place and isinstance(args[place], str)]
+            shapes.append("number" if texts and all(_is_number(t) for t in texts) else None)
         else:
             shapes.append(None)
     return shapes
+
+
+def _is_number(text: str) -> bool:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return isinstance(value, (int, float, complex)) and not isinstance(value, bool)
 
 
 def evalplus_tests(reference: str, entry_point: str, inputs: Sequence[Any], atol: float,
@@ -336,17 +346,20 @@ def cruxeval_answer(text: str, kind: str) -> str | None:
     """CRUXEval's answer in a response's text: the output expression or the argument list, None if none.
 
     The last `[ANSWER]` block (to the end of the text when it is not closed; the whole text when there
-    is none) holds `assert f(ARGS) == OUTPUT`; the output is what follows the last `==`, the arguments
-    what lies between `f(` and that `==`'s closing parenthesis, as CRUXEval's own reader splits them.
+    is none) holds `assert f(ARGS) == OUTPUT`, from its last line that starts with `assert`. Parsed,
+    the answer is OUTPUT or ARGS; unparsable, the text after the last `==`, or between `f(` and the
+    last `)` before it, as CRUXEval's own reader splits it. An output block with no assertion is the
+    expression itself.
     """
     blocks = _ANSWER_BLOCK.findall(text)
     body = (blocks[-1] if blocks else text).strip().strip("`").strip()
     if body.startswith("python\n"):
         body = body[len("python\n"):]
-    lines = [line for line in body.split("\n") if line.strip()]
-    assertion = next((line.strip() for line in reversed(lines) if line.strip().startswith("assert")), None)
-    if assertion is None:
-        return body or None if kind == OUTPUT else None
+    lines = body.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("assert")]
+    if not starts:
+        return (body or None) if kind == OUTPUT else None
+    assertion = "\n".join(lines[starts[-1]:]).strip()
     call = _assertion_parts(assertion)
     if call is not None:
         return call[1] if kind == INPUT else call[2]

@@ -284,7 +284,10 @@ def compare_groups(args: argparse.Namespace) -> int:
         raise UsageError(f"--sweep names no group: {', '.join(unknown)}")
     if len(sweep) == 1:
         raise UsageError("--sweep needs two groups at least")
-    stats = G.group_stats([(name, [read_summary(d) for d in dirs]) for name, dirs in named])
+    runs = [(name, [read_summary(d) for d in dirs]) for name, dirs in named]
+    if any("benchmark" in s for _, summaries in runs for s in summaries):
+        raise UsageError("--group is for debugging runs; give benchmark runs as DIR ... (Table 6)")
+    stats = G.group_stats(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = G.grouped_markdown(stats)
