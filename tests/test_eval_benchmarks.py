@@ -145,6 +145,18 @@ def test_cruxeval_input_true_inputs_pass_and_shifted_ones_do_not(fleet, tmp_path
     assert crux_rate("cruxeval-i", shifted, 30, fleet, tmp_path) < 0.2
 
 
+@needs(CRUXEVAL)
+def test_reference_grades_the_true_answers_which_may_use_the_codes_names(tmp_path):
+    data = subset_file(CRUXEVAL, tmp_path / "crux.jsonl", ["sample_0", "sample_258"], key="id")
+    assert "thigh_o_two" in B.load_benchmark("cruxeval-i", data)[1].reference  # a name the code defines
+    for kind in ("cruxeval-i", "cruxeval-o"):
+        out = tmp_path / kind
+        assert cli.main(["eval", "--benchmark", kind, "--data", str(data), "--reference", "--out", str(out),
+                         "--workers", "2", "--no-progress"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["model"]["name"] == "reference" and summary["pass@1"]["value"] == 1.0
+
+
 @pytest.mark.slow
 @needs(CRUXEVAL)
 def test_cruxeval_output_on_all_800(fleet, tmp_path):

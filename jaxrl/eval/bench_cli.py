@@ -3,6 +3,7 @@
   precisecoder eval --benchmark NAME --data PATH --out DIR (--model PATH | --checkpoint DIR
                     | --engine sglang --url URL | --engine openai --base-url URL --served-model NAME) [options]
   precisecoder eval --benchmark NAME --data PATH --predictions FILE --out DIR [--name NAME]
+  precisecoder eval --benchmark NAME --data PATH --reference --out DIR
 
 The sampling flags of `eval` apply (temperature, budgets, samples, seed, batches, concurrency);
 the debugging-only ones (--tasks, --prompt, --candidates, --refiner, --agent) do not.
@@ -22,7 +23,7 @@ from jaxrl.eval.ood import SAMPLING, evaluate_benchmark, score_predictions_file
 from jaxrl.eval.protocol import EvalSettings
 from reward.cli_args import output_dir_error
 from reward.fleet import Fleet
-from reward.schema import SchemaError
+from reward.schema import Prediction, SchemaError
 from reward.score_cli import load_predictions_for
 
 
@@ -37,8 +38,10 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"{', '.join(debugging)}: for debugging task sets, not --benchmark (which has its own prompt)")
     sources = [flag for flag, given in (("--model", args.model), ("--checkpoint", args.checkpoint),
                                         ("--engine", args.engine)) if given]
-    if args.predictions and sources:
-        raise UsageError(f"--predictions grades answers already made: drop {', '.join(sources)}")
+    if args.predictions and args.reference:
+        raise UsageError("give --predictions FILE or --reference, not both")
+    if (args.predictions or args.reference) and sources:
+        raise UsageError(f"--predictions and --reference grade answers already made: drop {', '.join(sources)}")
     problem = output_dir_error(args.out)
     if problem:
         raise UsageError(f"--out {problem}")
@@ -76,7 +79,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     try:
         check_flags(args)
         tasks = load_tasks(args)
-        if args.predictions:
+        if args.predictions or args.reference:
             return grade_predictions(args, tasks)
         args.prompt = EvalSettings.prompt
         settings = settings_of(args)
@@ -118,13 +121,16 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
 
 def grade_predictions(args: argparse.Namespace, tasks: list[benchmarks.BenchTask]) -> int:
-    """`--predictions FILE`: grade the answers in FILE (several per problem allowed)."""
-    by_id = {t.task_id: t for t in tasks}
-    predictions = load_predictions_for(args.predictions, by_id, skip_unknown=args.limit is not None)
-    name = args.name or Path(args.predictions).stem
+    """`--predictions FILE` (several answers per problem allowed) or `--reference`: grade those answers."""
+    if args.reference:
+        predictions = [Prediction(t.task_id, code=t.reference) for t in tasks]
+        model = {"name": args.name or "reference", "predictions": "reference"}
+    else:
+        by_id = {t.task_id: t for t in tasks}
+        predictions = load_predictions_for(args.predictions, by_id, skip_unknown=args.limit is not None)
+        model = {"name": args.name or Path(args.predictions).stem, "predictions": args.predictions}
     with Fleet(workers=args.workers, isolation=args.isolation, cache_path=_cache_path(args.out)) as fleet:
-        summary = score_predictions_file(args.benchmark, tasks, predictions, fleet,
-                                         model={"name": name, "predictions": args.predictions}, data=args.data,
+        summary = score_predictions_file(args.benchmark, tasks, predictions, fleet, model=model, data=args.data,
                                          out_dir=args.out, progress=not args.no_progress)
     return _done(args.out, summary)
 

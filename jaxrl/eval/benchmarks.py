@@ -13,7 +13,8 @@ program runs against in the sandbox (`reward.fleet.Fleet`), where the verdict is
   computes all of its expected outputs and checks all of its inputs. `humaneval` / `mbpp` are
   the base inputs only.
 - `cruxeval-o` / `cruxeval-i`: the answer is a Python expression (the output, or the call's
-  arguments), evaluated in the program's process; the judge runs the benchmark's `f` itself and
+  arguments), evaluated in the program's process after the benchmark's code (whose names it may
+  use, as in CRUXEval's own grading); the judge runs the benchmark's `f` itself and
   asserts `f(input) == output` on plain data, as CRUXEval grades by execution.
 - `bigcodebench`: the instruct prompt; the program is the answer's code and the tests are the
   task's `unittest.TestCase` class (`{"kind": "unittest"}` tests, docs/sandbox.md).
@@ -65,6 +66,7 @@ class BenchTask:
         tests: what the answer's program runs against (built by `tests_from_json`).
         reference: an answer that passes: the canonical program, or CRUXEval's true expression.
         timeout_s: seconds of the one sandbox run that grades an answer.
+        source: CRUXEval's code, which an answer's program starts with ("" for the others).
     """
 
     task_id: str
@@ -74,6 +76,7 @@ class BenchTask:
     tests: Tests
     reference: str
     timeout_s: float
+    source: str = ""
 
     @property
     def is_clean(self) -> bool:
@@ -316,10 +319,10 @@ def cruxeval_task(name: str, record: dict[str, Any]) -> BenchTask:
     if name == "cruxeval-o":
         messages = prompts.benchmark_messages("cruxeval_o", code=code, input=given_input)
         check = f"{code}\n\nassert f({given_input}) == ANSWER\n"
-        return BenchTask(record["id"], messages, OUTPUT, "f", AssertTests(check), output, TIMEOUT_S[name])
+        return BenchTask(record["id"], messages, OUTPUT, "f", AssertTests(check), output, TIMEOUT_S[name], code)
     messages = prompts.benchmark_messages("cruxeval_i", code=code, output=output)
     check = f"{code}\n\nassert f(*ANSWER[0], **ANSWER[1]) == ({output})\n"
-    return BenchTask(record["id"], messages, INPUT, "f", AssertTests(check), given_input, TIMEOUT_S[name])
+    return BenchTask(record["id"], messages, INPUT, "f", AssertTests(check), given_input, TIMEOUT_S[name], code)
 
 
 def bigcodebench_task(name: str, record: dict[str, Any]) -> BenchTask:
@@ -404,13 +407,14 @@ def answer_of(task: BenchTask, prediction: Prediction) -> str | None:
 
 
 def program_of(task: BenchTask, answer: str) -> str:
-    """The program an answer runs as: the code itself, or the CRUXEval expression bound to `ANSWER`
-    (for `input`, the (positional, keyword) arguments of a call with that argument list)."""
+    """The program an answer runs as: the code itself, or CRUXEval's code followed by the answer's
+    expression bound to `ANSWER` (for `input`, the (positional, keyword) arguments of a call with that
+    argument list): an expression may use the code's names, as it can in CRUXEval's own grading."""
     if task.kind == CODE:
         return answer
     if task.kind == OUTPUT:
-        return f"ANSWER = (\n{answer}\n)\n"
-    return f"ANSWER = (lambda *args, **kwargs: (args, kwargs))(\n{answer}\n)\n"
+        return f"{task.source}\n\nANSWER = (\n{answer}\n)\n"
+    return f"{task.source}\n\nANSWER = (lambda *args, **kwargs: (args, kwargs))(\n{answer}\n)\n"
 
 
 def job_of(task: BenchTask, answer: str) -> Job:

@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--predictions", type=user_path, metavar="FILE",
                       help="with --benchmark: grade these answers ({task_id, response | code}; for CRUXEval the "
                            "code is the answer's expression) instead of sampling a model")
+    what.add_argument("--reference", action="store_true",
+                      help="with --benchmark: grade the benchmark's own reference answers (its canonical solutions, "
+                           "CRUXEval's true values): the ceiling this sandbox and library environment allow")
     what.add_argument("--model", type=user_path, metavar="PATH",
                       help="HF safetensors directory, sampled with the jax engine")
     what.add_argument("--checkpoint", type=user_path, metavar="DIR",
@@ -306,7 +309,7 @@ def compare_groups(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.action == "compare":
         return run_compare(args)
-    if args.benchmark or args.data or args.predictions:
+    if args.benchmark or args.data or args.predictions or args.reference:
         from jaxrl.eval.bench_cli import run_benchmark  # noqa: PLC0415
 
         return run_benchmark(args)
