@@ -140,9 +140,9 @@ def test_cruxeval_output_true_answers_pass_and_shuffled_ones_pass_at_the_expecte
 def test_cruxeval_input_true_inputs_pass_and_shifted_ones_do_not(fleet, tmp_path):
     records = cruxeval_records(30)
     assert crux_rate("cruxeval-i", {r["id"]: r["input"] for r in records}, 30, fleet, tmp_path) == 1.0
-    # Each problem given another problem's input: an error or another output, unless by chance the same.
+    # Each problem given the next one's input: an error or another output (for none of these 30 the same).
     shifted = {r["id"]: records[(i + 1) % len(records)]["input"] for i, r in enumerate(records)}
-    assert crux_rate("cruxeval-i", shifted, 30, fleet, tmp_path) < 0.2
+    assert crux_rate("cruxeval-i", shifted, 30, fleet, tmp_path) == 0.0
 
 
 @needs(CRUXEVAL)

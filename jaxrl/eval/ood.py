@@ -43,17 +43,20 @@ def requests_of(tasks: Sequence[BenchTask], settings: EvalSettings, tokenizer: A
 
 def grade(tasks: Sequence[BenchTask], predictions: Sequence[Prediction], fleet: Any,
           progress: bool = False) -> list[dict[str, Any]]:
-    """One result row per prediction: `task_id`, `answer` (None when none was found), `passed`, `status`
-    (`no_answer`, or the sandbox run's) and `duration_s`."""
+    """One result row per prediction: `task_id`, `sample` (its index among the task's predictions),
+    `answer` (None when none was found), `passed`, `status` (`no_answer`, or the sandbox run's) and
+    `duration_s`."""
     by_id = {t.task_id: t for t in tasks}
     answers = [answer_of(by_id[p.task_id], p) for p in predictions]
     runs = [(i, job_of(by_id[p.task_id], a)) for i, (p, a) in enumerate(zip(predictions, answers)) if a is not None]
     results: dict[int, RunResult] = dict(zip((i for i, _ in runs),
                                              fleet.run([j for _, j in runs], progress="grading" if progress else False)))
-    rows = []
+    rows, seen = [], {}
     for i, (pred, answer) in enumerate(zip(predictions, answers)):
         result = results.get(i)
-        rows.append({"task_id": pred.task_id, "answer": answer, "passed": bool(result and result.passed),
+        seen[pred.task_id] = seen.get(pred.task_id, -1) + 1
+        rows.append({"task_id": pred.task_id, "sample": seen[pred.task_id], "answer": answer,
+                     "passed": bool(result and result.passed),
                      "status": result.status if result else "no_answer",
                      "duration_s": round(result.duration_s, 4) if result else None})
     return rows
