@@ -88,8 +88,8 @@ def test_mbppplus_canonical_passes_and_wrong_programs_fail_on_a_subset(fleet, tm
 
 @needs(HUMANEVAL)
 def test_an_answer_right_on_base_inputs_only_fails_plus():
-    record = {"task_id": "T/0", "prompt": "def f(x):\n", "entry_point": "f", "canonical_solution": "    return abs(x)\n",
-              "base_input": [[1], [2]], "plus_input": [[-3]], "atol": 0}
+    record = {"task_id": "T/0", "prompt": "def f(x):\n", "entry_point": "f",
+              "canonical_solution": "    return abs(x)\n", "base_input": [[1], [2]], "plus_input": [[-3]], "atol": 0}
     task_plus, task_base = B.evalplus_task("humaneval+", record), B.evalplus_task("humaneval", record)
     program = "def f(x):\n    return x\n"
     with Fleet(workers=1) as f:
@@ -249,8 +249,8 @@ def test_eval_benchmark_end_to_end_with_a_scripted_server_resumes_and_compares(t
 @needs(CRUXEVAL)
 def test_predictions_file_grades_responses_and_codes(tmp_path):
     records = cruxeval_records(3)
-    preds = [{"task_id": records[0]["id"], "response": f"<think>\nhm\n</think>\n[ANSWER]\nassert f({records[0]['input']})"
-                                                      f" == {records[0]['output']}\n[/ANSWER]"},
+    first = f"assert f({records[0]['input']}) == {records[0]['output']}"
+    preds = [{"task_id": records[0]["id"], "response": f"<think>\nhm\n</think>\n[ANSWER]\n{first}\n[/ANSWER]"},
              {"task_id": records[1]["id"], "code": records[1]["output"]},
              {"task_id": records[2]["id"], "response": "<think>\nstill thinking"}]
     path = tmp_path / "answers.jsonl"

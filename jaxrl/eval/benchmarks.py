@@ -31,7 +31,6 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jaxrl import prompts

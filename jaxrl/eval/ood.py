@@ -49,8 +49,8 @@ def grade(tasks: Sequence[BenchTask], predictions: Sequence[Prediction], fleet: 
     by_id = {t.task_id: t for t in tasks}
     answers = [answer_of(by_id[p.task_id], p) for p in predictions]
     runs = [(i, job_of(by_id[p.task_id], a)) for i, (p, a) in enumerate(zip(predictions, answers)) if a is not None]
-    results: dict[int, RunResult] = dict(zip((i for i, _ in runs),
-                                             fleet.run([j for _, j in runs], progress="grading" if progress else False)))
+    verdicts = fleet.run([job for _, job in runs], progress="grading" if progress else False)
+    results: dict[int, RunResult] = {i: result for (i, _), result in zip(runs, verdicts)}
     rows, seen = [], {}
     for i, (pred, answer) in enumerate(zip(predictions, answers)):
         result = results.get(i)
