@@ -122,7 +122,7 @@ def read_records(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
 
 def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
     """A HumanEval+ or MBPP+ problem; `humaneval` / `mbpp` keep the base inputs only."""
-    inputs = list(record["base_input"]) + (list(record["plus_input"]) if name.endswith("+") else [])
+    inputs = _inputs(record["base_input"]) + (_inputs(record["plus_input"]) if name.endswith("+") else [])
     canonical, entry = record["canonical_solution"], record["entry_point"]
     # HumanEval's canonical solution is the body under the prompt's signature; MBPP's a whole program.
     reference = canonical if _defines(canonical, entry) else record["prompt"] + canonical
@@ -131,6 +131,15 @@ def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
     problem = record["prompt"].strip()
     return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE, entry, tests,
                      reference, TIMEOUT_S[name])
+
+
+def _inputs(value: Any) -> list[Any]:
+    """A list of argument lists (MBPP+ writes an empty `{}` where a problem has no plus inputs)."""
+    if not value:
+        return []
+    if not isinstance(value, list) or not all(isinstance(args, list) for args in value):
+        raise ValueError("inputs must be a list of argument lists")
+    return value
 
 
 def _parse(source: str) -> ast.Module:
@@ -212,16 +221,16 @@ def _close(out, expected, args):
 
 
 def _crosses(value):
-    """Whether a value lies well within the proxy's limits on one message (values, integer bits, bytes)."""
+    """Whether a value lies within the proxy's limits on one message (values, integer bits, bytes), with room."""
     count, size, stack = 0, 0, [value]
     while stack:
         v = stack.pop()
         count += 1
-        if count > {max_items} // 2 or (isinstance(v, int) and v.bit_length() > {max_int_bits} // 2):
+        if count > {max_items} * 9 // 10 or (isinstance(v, int) and v.bit_length() > {max_int_bits}):
             return False
         if isinstance(v, (str, bytes, bytearray)):
-            size += len(v)
-            if size > {max_bytes} // 4:
+            size += len(v) if isinstance(v, str) and v.isascii() else 6 * len(v)  # escaped on the wire
+            if size > {max_bytes} // 2:
                 return False
         elif isinstance(v, dict):
             stack.extend(v.keys())
