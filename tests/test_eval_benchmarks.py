@@ -17,6 +17,8 @@ from fake_openai import FakeOpenAI
 from jaxrl import cli, prompts
 from jaxrl.eval import benchmarks as B
 from jaxrl.eval.ood import score_predictions_file
+from jaxrl.eval.report import benchmark_table
+from models.tokenizer import load_tokenizer
 from reward.fleet import Fleet
 from reward.schema import Prediction
 
@@ -244,6 +246,41 @@ def test_eval_benchmark_end_to_end_with_a_scripted_server_resumes_and_compares(t
     assert "| model | humaneval+ (n=3) |" in table
     assert "| base | 66.7 (" in table and "| tuned | 66.7 (" in table
     assert cli.main(["eval", "compare", "--group", f"x={tmp_path / 'a'}", "--out", str(tmp_path / "g")]) == 2
+
+
+@needs(CRUXEVAL)
+def test_completions_api_sends_the_rendered_prompt_and_reads_answers_inside_the_opened_think(tmp_path):
+    tok = load_tokenizer("qwen3_5")
+    data = subset_file(CRUXEVAL, tmp_path / "crux.jsonl", ["sample_0", "sample_1"], key="id")
+    tasks = B.load_benchmark("cruxeval-o", data)
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    answers = {r["code"]: f"Run it.\n</think>\n\n[ANSWER]\nassert f({r['input']}) == {r['output']}\n[/ANSWER]"
+               for r in records}
+    out = tmp_path / "run"
+    with FakeOpenAI(answers, decode=tok.decode) as server:
+        assert cli.main(["eval", "--benchmark", "cruxeval-o", "--data", str(data), "--engine", "openai",
+                         "--base-url", server.base_url, "--model-name", server.model, "--api", "completions",
+                         "--tokenizer", "qwen3_5", "--out", str(out), "--workers", "2", "--no-progress"]) == 0
+        sent = sorted(tok.decode(b["prompt"]) for _, b in server.requests)
+    assert sent == sorted(tok.render_chat(t.messages) for t in tasks)
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert all(p["think_opened"] for p in preds)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pass@1"]["value"] == 1.0 and summary["model"]["api"] == "completions"
+
+
+def test_table6_has_a_row_per_model_and_a_column_per_benchmark():
+    def run(model: str, benchmark: str, value: float) -> dict:
+        return {"model": {"name": model}, "benchmark": benchmark, "tasks": 10, "samples": 10,
+                "pass@1": {"value": value, "ci": [value - 0.1, value + 0.1]}}
+
+    table = benchmark_table([run("base", "humaneval+", 0.5), run("base", "cruxeval-o", 0.25),
+                             run("precisecoder", "humaneval+", 0.625)])
+    assert "| model | humaneval+ (n=10) | cruxeval-o (n=10) |" in table
+    assert "| base | 50.0 (40.0–60.0) | 25.0 (15.0–35.0) |" in table
+    assert "| precisecoder | 62.5 (52.5–72.5) | – |" in table
+    with pytest.raises(ValueError, match="two runs of humaneval\\+ by base"):
+        benchmark_table([run("base", "humaneval+", 0.5), run("base", "humaneval+", 0.6)])
 
 
 @needs(CRUXEVAL)
