@@ -99,6 +99,16 @@ def test_an_answer_right_on_base_inputs_only_fails_plus():
     assert base.passed and not plus.passed and "input 2" in plus.stderr
 
 
+@needs(HUMANEVAL)
+def test_a_program_from_a_response_is_sanitized_as_evalplus_does(fleet, tmp_path):
+    task = next(t for t in B.load_benchmark("humaneval", HUMANEVAL) if t.task_id == "HumanEval/0")
+    program = f"{task.reference}\nif __name__ == '__main__':\n    print({task.entry_point}(input(), 0.5))\n"
+    response = f"Here it is.\n\n{FENCE}python\n{program}{FENCE}\n"
+    assert pass_rate("humaneval", [task], [Prediction(task.task_id, response=response)], fleet, tmp_path) == 1.0
+    # The same program given as code runs as it is: reading stdin at load time, it never loads.
+    assert pass_rate("humaneval", [task], [Prediction(task.task_id, code=program)], fleet, tmp_path) == 0.0
+
+
 @pytest.mark.slow
 @needs(HUMANEVAL)
 @needs(MBPP)

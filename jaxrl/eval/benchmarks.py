@@ -66,6 +66,8 @@ class BenchTask:
         reference: an answer that passes: the canonical program, or CRUXEval's true expression.
         timeout_s: seconds of the one sandbox run that grades an answer.
         source: CRUXEval's code, which an answer's program starts with ("" for the others).
+        sanitize: a program taken from a response keeps only its imports, definitions and
+            assignments (`sanitized`; EvalPlus's benchmarks).
     """
 
     task_id: str
@@ -76,6 +78,7 @@ class BenchTask:
     reference: str
     timeout_s: float
     source: str = ""
+    sanitize: bool = False
 
     @property
     def is_clean(self) -> bool:
@@ -130,7 +133,7 @@ def evalplus_task(name: str, record: dict[str, Any]) -> BenchTask:
     tests = evalplus_tests(reference, entry, inputs, atol, argument_shapes(record.get("assertion", ""), entry, inputs))
     problem = record["prompt"].strip()
     return BenchTask(record["task_id"], prompts.benchmark_messages("evalplus", problem=problem), CODE, entry, tests,
-                     reference, TIMEOUT_S[name])
+                     reference, TIMEOUT_S[name], sanitize=True)
 
 
 def _inputs(value: Any) -> list[Any]:
@@ -402,14 +405,38 @@ def _assertion_parts(assertion: str) -> tuple[str, str, str] | None:
     return func, arguments, ast.get_source_segment(assertion, test.comparators[0]) or ""
 
 
+# What a sanitized program keeps at its top level: the definitions a test can call and what they use.
+_KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
+
+def sanitized(program: str) -> str:
+    """A generated program without its top-level statements other than imports, definitions and
+    assignments (a demo under `if __name__ == "__main__":`, a call reading stdin, printed checks),
+    as EvalPlus sanitizes generated code before testing it; unparsable code is kept as it is."""
+    try:
+        tree = _parse(program)
+    except (SyntaxError, ValueError):
+        return program
+    lines = program.split("\n")
+    kept = [node for node in tree.body if isinstance(node, _KEPT)]
+    if len(kept) == len(tree.body):
+        return program
+    parts = []
+    for node in kept:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        parts.append("\n".join(lines[first - 1:node.end_lineno]))
+    return "\n\n".join(parts) + "\n"
+
+
 def answer_of(task: BenchTask, prediction: Prediction) -> str | None:
-    """The answer a prediction gives: its `code` as is, else the program (or CRUXEval expression) in
-    its `response` after the thinking; None when there is none."""
+    """The answer a prediction gives: its `code` as is, else the program (sanitized; EvalPlus's
+    benchmarks only) or CRUXEval expression in its `response` after the thinking; None when none."""
     if prediction.code is not None:
         return prediction.code
     response = prediction.response or ""
     if task.kind == CODE:
-        return extract_program(response, bool(prediction.think_opened))
+        program = extract_program(response, bool(prediction.think_opened))
+        return program if program is None or not task.sanitize else sanitized(program)
     text = answer_text(response, bool(prediction.think_opened))
     return None if text is None else cruxeval_answer(text, task.kind)
 
