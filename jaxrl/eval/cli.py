@@ -3,6 +3,7 @@
   precisecoder eval --tasks T.jsonl (--model PATH | --checkpoint DIR | --engine sglang --url URL
                     | --engine openai --base-url URL --served-model NAME) --out DIR [options]
   precisecoder eval --refiner RUN --candidates EVAL_DIR --tasks T.jsonl --out DIR [options]
+  precisecoder eval --benchmark NAME --data PATH (a model source as above | --predictions FILE) --out DIR
   precisecoder eval compare DIR... [--out DIR]
   precisecoder eval compare --group NAME=DIR[,DIR...]... [--sweep NAME=X]... [--out DIR]
 
@@ -12,6 +13,12 @@ DIR/predictions.jsonl (full response and thinking; `precisecoder score` reads it
 as is), DIR/scores.jsonl, DIR/summary.json and DIR/report.md. Rerunning the same
 command after an interruption continues from DIR/predictions.jsonl. With `--agent`
 each task is the five-turn tool loop of docs/agent.md and DIR/episodes.jsonl holds its turns.
+
+`eval --benchmark NAME --data PATH` runs an out-of-distribution benchmark (HumanEval+, MBPP+,
+CRUXEval-O/I, BigCodeBench; `jaxrl.eval.benchmarks`) under its standard prompt, one sample per
+problem by default, grades every answer in the sandbox and writes DIR/predictions.jsonl,
+DIR/results.jsonl, DIR/summary.json (pass@1 with its interval) and DIR/report.md; with
+`--predictions FILE` it grades answers made elsewhere instead.
 
 `eval compare` reads the summary.json of each run directory and writes
 compare.md (a row per run: buggy and clean columns with 95% intervals, then
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl import prompts
+from jaxrl.eval.benchmarks import BENCHMARKS
 from jaxrl.eval.evaluate import RUN, EvalError, evaluate
 from jaxrl.eval.protocol import EvalSettings
 from reward.cli_args import SANDBOX_ENV_HELP, output_dir_error, positive_int, sandbox_env, token_budget, user_path
@@ -62,6 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to evaluate")
     what.add_argument("--tasks", type=user_path, help="task JSONL file")
     what.add_argument("--out", type=user_path, help="run directory for predictions, scores, summary and report")
+    what.add_argument("--benchmark", choices=BENCHMARKS,
+                      help="an out-of-distribution benchmark (instead of --tasks; docs/eval.md): graded pass@1")
+    what.add_argument("--data", type=user_path, metavar="PATH",
+                      help="the benchmark's own file (.jsonl or .jsonl.gz, as its project publishes it)")
+    what.add_argument("--predictions", type=user_path, metavar="FILE",
+                      help="with --benchmark: grade these answers ({task_id, response | code}; for CRUXEval the "
+                           "code is the answer's expression) instead of sampling a model")
+    what.add_argument("--reference", action="store_true",
+                      help="with --benchmark: grade the benchmark's own reference answers (its canonical solutions, "
+                           "CRUXEval's true values): the ceiling this sandbox and library environment allow")
     what.add_argument("--model", type=user_path, metavar="PATH",
                       help="HF safetensors directory, sampled with the jax engine")
     what.add_argument("--checkpoint", type=user_path, metavar="DIR",
@@ -200,8 +218,9 @@ def read_summary(run: str) -> dict[str, Any]:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path}: {e}") from None
-    if not isinstance(summary, dict) or not {"model", "settings", "buggy", "clean", "kinds", "invalid",
-                                             "samples"} <= summary.keys():
+    debugging = {"model", "settings", "buggy", "clean", "kinds", "invalid", "samples"}
+    benchmark = {"benchmark", "model", "pass@1", "tasks", "samples"}
+    if not isinstance(summary, dict) or not (debugging <= summary.keys() or benchmark <= summary.keys()):
         raise UsageError(f"{path} is not an eval summary")
     return summary
 
@@ -220,6 +239,11 @@ def run_compare(args: argparse.Namespace) -> int:
         if args.sweep:
             raise UsageError("--sweep is for --group")
         summaries = [read_summary(run) for run in args.runs]
+        benchmark_runs = sum("benchmark" in s for s in summaries)
+        if benchmark_runs:
+            if benchmark_runs < len(summaries):
+                raise UsageError("give benchmark runs (eval --benchmark) or debugging runs, not both")
+            return compare_benchmarks(summaries, Path(args.out))
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -239,6 +263,17 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_benchmarks(summaries: list[dict[str, Any]], out: Path) -> int:
+    """compare.md in the paper's Table 6 shape: a row per model, a column per benchmark."""
+    from jaxrl.eval.report import benchmark_table  # noqa: PLC0415
+
+    table = benchmark_table(summaries)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
 def compare_groups(args: argparse.Namespace) -> int:
     """compare.md of grouped runs (mean ± std, marks) and, with --sweep, lambda_sweep.png."""
     from jaxrl.eval import groups as G  # noqa: PLC0415
@@ -253,7 +288,10 @@ def compare_groups(args: argparse.Namespace) -> int:
         raise UsageError(f"--sweep names no group: {', '.join(unknown)}")
     if len(sweep) == 1:
         raise UsageError("--sweep needs two groups at least")
-    stats = G.group_stats([(name, [read_summary(d) for d in dirs]) for name, dirs in named])
+    runs = [(name, [read_summary(d) for d in dirs]) for name, dirs in named]
+    if any("benchmark" in s for _, summaries in runs for s in summaries):
+        raise UsageError("--group is for debugging runs; give benchmark runs as DIR ... (Table 6)")
+    stats = G.group_stats(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = G.grouped_markdown(stats)
@@ -272,6 +310,10 @@ def compare_groups(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.action == "compare":
         return run_compare(args)
+    if args.benchmark or args.data or args.predictions or args.reference:
+        from jaxrl.eval.bench_cli import run_benchmark  # noqa: PLC0415
+
+        return run_benchmark(args)
     try:
         refiner_source(args)
         if not args.tasks or not args.out:

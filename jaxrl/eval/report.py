@@ -123,3 +123,26 @@ def compare_markdown(summaries: Sequence[Mapping[str, Any]]) -> str:
                 str(s["samples"])] for s in summaries]
     out += ["## Invalid responses", ""] + _table(["run", "invalid %", "samples"], invalid) + [""]
     return "\n".join(out)
+
+
+def benchmark_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """The paper's Table 6 shape: a row per model, a column per benchmark (in the order first given),
+    pass@1 % with its bootstrap interval; a model without a run of a benchmark shows –.
+
+    Raises ValueError when two runs give the same model and benchmark.
+    """
+    models = list(dict.fromkeys(s["model"].get("name") or "model" for s in summaries))
+    names = list(dict.fromkeys(s["benchmark"] for s in summaries))
+    cells: dict[tuple[str, str], str] = {}
+    for s in summaries:
+        key = (s["model"].get("name") or "model", s["benchmark"])
+        if key in cells:
+            raise ValueError(f"two runs of {key[1]} by {key[0]}: give each model one run per benchmark "
+                             "(or name them apart with eval --name)")
+        cells[key] = cell(s, "pass@1")
+    sizes = {s["benchmark"]: s["tasks"] for s in summaries}
+    header = ["model", *(f"{b} (n={sizes[b]})" for b in names)]
+    rows = [[m, *(cells.get((m, b), "–") for b in names)] for m in models]
+    return "\n".join(["# Out-of-distribution benchmarks", "",
+                      "pass@1 % per benchmark (the paper's Table 6); 95 % bootstrap intervals over problems in "
+                      "parentheses.", "", *_table(header, rows), ""])

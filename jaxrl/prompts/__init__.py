@@ -14,6 +14,9 @@ PROMPTS = ("minimal", "refine", "abstain", "demo", "demo_refine")
 REFINE_PROMPTS = ("refine", "demo_refine")
 # The tool loop's prompts: the paper's, and the demo policy's (`precisecoder demo --agent`).
 AGENT_PROMPTS = ("agent", "demo_agent")
+# The standard prompts of the out-of-distribution benchmarks (`eval --benchmark`), quoted from their sources
+# (README.md): EvalPlus's instruction (HumanEval+, MBPP+, BigCodeBench), CRUXEval's direct output and input prompts.
+BENCHMARK_PROMPTS = {"evalplus": ("problem",), "cruxeval_o": ("code", "input"), "cruxeval_i": ("code", "output")}
 
 
 def _template(name: str, part: str) -> str:
@@ -41,6 +44,17 @@ def messages(name: str, task_prompt: str, code: str, candidate_solution: str | N
     system = _template(name, "system")
     # A prompt without instructions (`demo`) has no system turn at all, not an empty one.
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def benchmark_messages(name: str, **fields: str) -> list[dict[str, str]]:
+    """The user message of benchmark prompt `name` (`BENCHMARK_PROMPTS`) with its fields filled in one pass."""
+    if name not in BENCHMARK_PROMPTS:
+        raise ValueError(f"unknown benchmark prompt {name!r}; choose from {', '.join(BENCHMARK_PROMPTS)}")
+    if set(fields) != set(BENCHMARK_PROMPTS[name]):
+        raise ValueError(f"the {name} prompt takes the fields {', '.join(BENCHMARK_PROMPTS[name])}")
+    pattern = r"\{(" + "|".join(BENCHMARK_PROMPTS[name]) + r")\}"
+    user = re.sub(pattern, lambda m: fields[m.group(1)], _template(name, "user"))
+    return [{"role": "user", "content": user}]
 
 
 def numbered(lines: list[str], first: int = 1) -> str:
