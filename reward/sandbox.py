@@ -57,7 +57,8 @@ from reward import sandbox_direct
 from reward.cgroups import RunCgroup
 from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
-from reward.schema import AssertTests, IOTests, Task, Tests, tests_to_json
+from reward.modes import mode_of
+from reward.schema import AssertTests, IOTests, Task, Tests, UnittestTests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed", "unverifiable"]
 Isolation = Literal["auto", "bwrap", "rlimits"]
@@ -145,14 +146,49 @@ class Job:
 
     def key(self) -> str:
         """Content address of the run (with the sandbox's own code): identical keys give identical verdicts."""
-        parts = [self.program, tests_to_json(self.tests), self.limits.to_json(), SANDBOX_DIGEST]
+        parts = [self.program, tests_to_json(_resolved(self.tests)), self.limits.to_json(), SANDBOX_DIGEST]
+        if isinstance(self.tests, UnittestTests):
+            parts.append(UNITTEST_RUNNER)
         blob = json.dumps(parts, sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @property
     def mode(self) -> str:
-        """How the tests run: `proxy` or `inprocess` (assert tests), or `io`."""
-        return self.tests.mode if isinstance(self.tests, AssertTests) else "io"
+        """How the tests run: `proxy` or `inprocess` (assert and unittest tests), or `io` (`reward.modes`)."""
+        return mode_of(self.tests)
+
+
+def _resolved(tests: Tests) -> Tests:
+    """Assert tests with their chosen mode written out: a run's key says how it ran.
+
+    Tests whose mode resolves to `proxy` keep the JSON (and the run keys) they had
+    when `proxy` was the default.
+    """
+    if isinstance(tests, AssertTests) and tests.mode is None and mode_of(tests) == "inprocess":
+        return AssertTests(tests.code, "inprocess")
+    return tests
+
+
+# Runs every TestCase class the unittest code defined; appended to that code in the run process.
+# A minimal harness, forgeable like every `inprocess` verdict: the hardened one replaces it.
+UNITTEST_RUNNER = """
+import sys as _sys, unittest as _unittest
+_cases = [c for c in list(globals().values())
+          if isinstance(c, type) and issubclass(c, _unittest.TestCase) and c.__module__ == __name__]
+_result = _unittest.TextTestRunner(stream=_sys.stderr, verbosity=0).run(
+    _unittest.TestSuite(_unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in _cases))
+if _result.errors:
+    raise RuntimeError(f"{len(_result.errors)} of {_result.testsRun} tests raised: "
+                       + _result.errors[0][1].strip().splitlines()[-1])
+if _result.failures or not _result.testsRun:
+    raise AssertionError(f"{len(_result.failures)} of {_result.testsRun} tests failed: "
+                         + (_result.failures[0][1].strip().splitlines()[-1] if _result.failures else "no tests"))
+"""
+
+
+def tests_source(tests: Tests) -> str:
+    """The test code an `inprocess` run executes after the program."""
+    return tests.code + UNITTEST_RUNNER if isinstance(tests, UnittestTests) else tests.code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,7 +536,7 @@ def _job_frame(job: Job) -> bytes | None:
     msg = {"op": "job", "mode": mode, "fds": ["stdin", "stdout", "stderr"] + (["judge"] if mode == "proxy" else []),
            "program": job.program, "limits": job.limits.to_json()}
     if mode == "inprocess":
-        msg["tests"] = job.tests.code
+        msg["tests"] = tests_source(job.tests)
     try:
         return frame(msg)
     except CodecError:
@@ -619,7 +655,7 @@ class SandboxWorker:
                 if status != "pass":
                     break
             return RunResult(status == "pass", status, total, out.stdout, out.stderr)
-        mode = job.tests.mode
+        mode = job.mode
         out = self._one(job, message, "")
         if mode == "proxy":
             ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"

@@ -34,16 +34,38 @@ TEST_MODES = ("proxy", "inprocess")
 class AssertTests:
     """Test code run against the program's top-level names.
 
-    `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
-    separate trusted process where the program's names are proxies that pass
-    plain data; `inprocess` runs them after the program in its own `__main__`
-    namespace, for tests that need more (methods of returned objects, callbacks).
-    An `inprocess` verdict can be forged by the program: such tasks stay out of
-    training sets by default.
+    `mode` says how (docs/sandbox.md): `proxy` runs the tests in a separate
+    trusted process where the program's names are proxies that pass plain data;
+    `inprocess` runs them after the program in its own `__main__` namespace, for
+    tests that need more (patching what the program uses, files it reads, seeded
+    generators). None (the default) lets `reward.modes.choose_mode` decide from
+    the code. An `inprocess` verdict can be forged by the program: such tasks
+    stay out of training sets by default. Tests that need the program's process
+    are refused in `proxy` mode (ValueError): there a correct program would fail.
     """
 
     code: str
-    mode: str = "proxy"
+    mode: str | None = None
+
+    def __post_init__(self):
+        if self.mode is not None and self.mode not in TEST_MODES:
+            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {self.mode!r}")
+        if self.mode == "proxy":
+            from reward.modes import proxy_refusal  # reward.modes imports this module
+            refusal = proxy_refusal(self.code)
+            if refusal:
+                raise ValueError(refusal)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnittestTests:
+    """A module of `unittest.TestCase` classes; every test* method runs, in the program's process.
+
+    BigCodeBench's `class TestCases(unittest.TestCase)` tests: they patch what the
+    program uses, share files and objects with it, so they always run `inprocess`.
+    """
+
+    code: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +81,7 @@ class IOTests:
     cases: tuple[IOCase, ...]
 
 
-Tests = Union[AssertTests, IOTests]
+Tests = Union[AssertTests, UnittestTests, IOTests]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +103,8 @@ class Task:
     @property
     def forgeable(self) -> bool:
         """Its tests run `inprocess`, where the program could forge the verdict: keep it out of training."""
-        return isinstance(self.tests, AssertTests) and self.tests.mode == "inprocess"
+        from reward.modes import mode_of  # reward.modes imports this module
+        return mode_of(self.tests) == "inprocess"
 
     @property
     def is_clean(self) -> bool:
@@ -112,9 +135,11 @@ def tests_to_json(tests: Tests) -> dict[str, Any]:
     """The JSON object form of a test spec."""
     if isinstance(tests, AssertTests):
         obj = {"kind": "assert", "code": tests.code}
-        if tests.mode != "proxy":
+        if tests.mode is not None:
             obj["mode"] = tests.mode
         return obj
+    if isinstance(tests, UnittestTests):
+        return {"kind": "unittest", "code": tests.code}
     return {"kind": "io", "cases": [{"stdin": c.stdin, "stdout": c.stdout} for c in tests.cases]}
 
 
@@ -127,10 +152,12 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
-        mode = obj.get("mode", "proxy")
-        if mode not in TEST_MODES:
-            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {mode!r}")
-        return AssertTests(code, mode)
+        return AssertTests(code, obj.get("mode"))
+    if kind == "unittest":
+        code = obj.get("code")
+        if not isinstance(code, str):
+            raise ValueError("field 'tests.code' must be a string")
+        return UnittestTests(code)
     if kind == "io":
         cases = obj.get("cases")
         if not isinstance(cases, list) or not cases:
@@ -144,7 +171,7 @@ def tests_from_json(obj: Any) -> Tests:
                     raise ValueError(f"field 'tests.cases[{i}].{key}' must be a string")
             parsed.append(IOCase(case["stdin"], case["stdout"]))
         return IOTests(tuple(parsed))
-    raise ValueError(f"field 'tests.kind' must be 'assert' or 'io', got {kind!r}")
+    raise ValueError(f"field 'tests.kind' must be 'assert', 'unittest' or 'io', got {kind!r}")
 
 
 _REQUIRED_STR = ("task_id", "base_id", "prompt", "buggy_code", "solution")
