@@ -6,11 +6,13 @@ when any task fails that check. With --predictions, each prediction's program
 (its `code`, or the program extracted from its `response`) runs against its
 task's tests. One JSON object per run goes to --out (or stdout):
 task_id, target (solution, buggy or prediction), mode (how the tests ran:
-proxy, inprocess or io; see docs/sandbox.md), passed, status, reason,
-duration_s. `reason` says why a run did not pass (the exception, "timeout",
-"no closed code block", why the judge could not verify it, ...) and is null
-for a pass; the statuses are described in README.md and docs/reward.md. The
-summary line counts the `unverifiable` runs, and a task with one is not verified.
+proxy, inprocess or io), mode_reason (why that mode: what the tests need, or
+"set in the task file"; `reward/modes.py`, docs/sandbox.md), passed, status,
+reason, duration_s. `reason` says why a run did not pass (the exception,
+"timeout", "no closed code block", why the judge could not verify it, ...) and
+is null for a pass; the statuses are described in README.md and docs/reward.md.
+The summary counts the tasks per mode and the `unverifiable` runs, and a task
+with one is not verified.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import Counter
 from reward.cli_args import first_tasks, megabytes, output_file_error, positive_int, seconds, user_path
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
+from reward.modes import choose_mode
 from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted, json_line
 from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks
@@ -63,14 +66,14 @@ def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, default: 
         for task in tasks:
             targets = [("solution", task.solution)] + ([] if task.is_clean else [("buggy", task.buggy_code)])
             for target, program in targets:
-                records.append({"task_id": task.task_id, "target": target, "mode": _mode(task)})
+                records.append({"task_id": task.task_id, "target": target, **_mode(task)})
                 jobs.append(Job(program, task.tests, limits[task.task_id]))
         return records, jobs
     by_id = {t.task_id: t for t in tasks}
     for pred in predictions:
         task = by_id[pred.task_id]
         program = program_of(pred, think_opened)
-        record = {"task_id": pred.task_id, "target": "prediction", "mode": _mode(task)}
+        record = {"task_id": pred.task_id, "target": "prediction", **_mode(task)}
         if program is None:
             opened = think_opened if pred.think_opened is None else pred.think_opened
             record["reason"] = missing_program_reason(pred.response or "", opened)
@@ -79,8 +82,9 @@ def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, default: 
     return records, jobs
 
 
-def _mode(task: Task) -> str:
-    return Job("", task.tests).mode
+def _mode(task: Task) -> dict[str, str]:
+    mode, reason = choose_mode(task.tests)
+    return {"mode": mode, "mode_reason": reason}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -196,6 +200,9 @@ def last_exception(stderr: str, limit: int = 200) -> str | None:
 
 def _summarize(records: list[dict], verifying: bool) -> int:
     """Print the summary line; in verification mode return 1 if any task failed it."""
+    modes = Counter({r["task_id"]: r["mode"] for r in records}.values())
+    print("tasks per mode: " + ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
+          + " (each row's mode_reason says why)", file=sys.stderr)
     statuses = Counter(r["status"] for r in records)
     detail = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != UNVERIFIABLE)
     unverifiable = f"unverifiable {statuses[UNVERIFIABLE]} (the judge could not verify them)"
