@@ -129,8 +129,6 @@ class DataConfig:
         prompt_multiple: the prompt part of every batch row is the longest training
             prompt rounded up to a multiple of this (one shape per run either way; 64 keeps
             accelerator-friendly shapes, a small value saves padding on CPU).
-        allow_forgeable: train on tasks whose tests run `inprocess` (a program can forge
-            its verdict there); refused unless true, and a warning in the run log when true.
     """
 
     train: str | None = None
@@ -142,7 +140,6 @@ class DataConfig:
     seed: int = 0
     clean_share: float = 0.0
     prompt_multiple: int = 64
-    allow_forgeable: bool = False
 
     def __post_init__(self):
         if self.train is None and self.build is None:

@@ -119,19 +119,12 @@ def make_engine_for(cfg: Config, model: nnx.Module, tokenizer: Any, mesh: jax.sh
 
 
 def read_train_tasks(cfg: Config, tokenizer: Any) -> tuple[list[Task], list[Task], list[Task]]:
-    """(train, val, GT Debug) tasks; forgeable training tasks are refused unless `data.allow_forgeable`."""
+    """(train, val, GT Debug) tasks."""
     build = None
     if cfg.data.build is not None:
         build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation, progress=cfg.run.progress)
     paths = T.task_paths(cfg.data, build)
     train = T.read_tasks(paths["train"], "train")
-    forgeable = [t.task_id for t in train if t.forgeable]
-    if forgeable and not cfg.data.allow_forgeable:
-        raise TrainError(f"data.train: {len(forgeable)} tasks run their tests inprocess, where a program can forge "
-                         f"its verdict (first: {forgeable[0]}); set data.allow_forgeable: true to train on them")
-    if forgeable:
-        warn(f"training on {len(forgeable)} forgeable tasks (tests run inprocess: a program can forge its "
-             f"verdict), as data.allow_forgeable asks")
     train = T.with_clean_rows(train, cfg.data.clean_share, cfg.data.seed)
     return (train, T.read_tasks(paths["val"], "val", cfg.validation.val_tasks),
             T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))

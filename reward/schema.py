@@ -38,10 +38,11 @@ class AssertTests:
     trusted process where the program's names are proxies that pass plain data;
     `inprocess` runs them after the program in its own `__main__` namespace, for
     tests that need more (patching what the program uses, files it reads, seeded
-    generators). None (the default) lets `reward.modes.choose_mode` decide from
-    the code. An `inprocess` verdict can be forged by the program: such tasks
-    stay out of training sets by default. Tests that need the program's process
-    are refused in `proxy` mode (ValueError): there a correct program would fail.
+    generators), under a harness set up before the program loads that reports a
+    verdict the program cannot forge. None (the default) lets
+    `reward.modes.choose_mode` decide from the code. Tests that need the
+    program's process are refused in `proxy` mode (ValueError): there a correct
+    program would fail.
     """
 
     code: str
@@ -58,17 +59,6 @@ class AssertTests:
 
 
 @dataclasses.dataclass(frozen=True)
-class UnittestTests:
-    """A module of `unittest.TestCase` classes; every test* method runs, in the program's process.
-
-    BigCodeBench's `class TestCases(unittest.TestCase)` tests: they patch what the
-    program uses, share files and objects with it, so they always run `inprocess`.
-    """
-
-    code: str
-
-
-@dataclasses.dataclass(frozen=True)
 class IOCase:
     stdin: str
     stdout: str
@@ -81,7 +71,23 @@ class IOTests:
     cases: tuple[IOCase, ...]
 
 
-Tests = Union[AssertTests, UnittestTests, IOTests]
+@dataclasses.dataclass(frozen=True)
+class UnittestTests:
+    """A test module of `unittest.TestCase` classes, run in the program's process (mode `inprocess`).
+
+    Every `test*` method of every TestCase subclass the module defines runs, classes and
+    methods in name order as unittest's loader orders them, with fixtures, cleanups and
+    `subTest` as unittest runs them. The program's top-level names are visible to the tests.
+    """
+
+    code: str
+
+    @property
+    def mode(self) -> str:
+        return "inprocess"
+
+
+Tests = Union[AssertTests, IOTests, UnittestTests]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +108,9 @@ class Task:
 
     @property
     def forgeable(self) -> bool:
-        """Its tests run `inprocess`, where the program could forge the verdict: keep it out of training."""
-        from reward.modes import mode_of  # reward.modes imports this module
-        return mode_of(self.tests) == "inprocess"
+        """Whether the program could forge its verdict: never, since `inprocess` runs are hardened too
+        (docs/sandbox.md, "Test modes"). Kept so that readers of older configs and tasks still work."""
+        return False
 
     @property
     def is_clean(self) -> bool:
@@ -157,6 +163,8 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
+        if obj.get("mode", "inprocess") != "inprocess":
+            raise ValueError(f"field 'tests.mode' of unittest tests must be 'inprocess', got {obj['mode']!r}")
         return UnittestTests(code)
     if kind == "io":
         cases = obj.get("cases")

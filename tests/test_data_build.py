@@ -306,4 +306,4 @@ def test_tests_needing_more_than_plain_data_are_marked_and_kept_out_of_train(run
     excluded = result.manifest["train_inprocess_excluded"]
     assert excluded and all(i.startswith("T/box#") for i in excluded)
     kept = build([boxed], run, BuildConfig(val_fraction=0.0, train_inprocess=True)).files["train"]
-    assert kept and all(t.forgeable and t.meta["tests_mode"] == "inprocess" for t in kept)
+    assert kept and all(not t.forgeable and t.meta["tests_mode"] == "inprocess" for t in kept)

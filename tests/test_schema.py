@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from reward.schema import (AssertTests, IOCase, IOTests, Prediction, SchemaError, Task, load_predictions,
-                           load_tasks, write_predictions, write_tasks)
+from reward.sandbox import Job
+from reward.schema import (AssertTests, IOCase, IOTests, Prediction, SchemaError, Task, UnittestTests,
+                           load_predictions, load_tasks, tests_from_json, tests_to_json, write_predictions,
+                           write_tasks)
 
 GOOD = {"task_id": "t1", "base_id": "b", "prompt": "p", "buggy_code": "x = 1\n", "solution": "x = 2\n",
         "tests": {"kind": "assert", "code": "assert x == 2"}}
@@ -35,11 +37,24 @@ def test_round_trip(tmp_path):
     assert load_predictions(tmp_path / "p.jsonl") == preds
 
 
+def test_unittest_tests_round_trip_and_always_run_inprocess(tmp_path):
+    code = "import unittest\nclass TestCases(unittest.TestCase):\n    def test_x(self):\n        self.assertEqual(x, 2)\n"
+    tests = UnittestTests(code)
+    assert tests_to_json(tests) == {"kind": "unittest", "code": code}
+    assert tests_from_json({"kind": "unittest", "code": code, "mode": "inprocess"}) == tests
+    assert Job("x = 2", tests).mode == "inprocess" and Job("x = 2", AssertTests("")).mode == "proxy"
+    task = Task("u", "U", "p", "x = 1\n", "x = 2\n", tests)
+    write_tasks(tmp_path / "t.jsonl", [task])
+    assert load_tasks(tmp_path / "t.jsonl") == [task] and not task.forgeable
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda o: o.pop("solution"), "missing field 'solution'"),
     (lambda o: o.update(prompt=3), "field 'prompt' must be a string"),
     (lambda o: o.update(tests={"kind": "unit"}), "field 'tests.kind'"),
     (lambda o: o.update(tests={"kind": "assert"}), "field 'tests.code'"),
+    (lambda o: o.update(tests={"kind": "unittest"}), "field 'tests.code'"),
+    (lambda o: o.update(tests={"kind": "unittest", "code": "", "mode": "proxy"}), "field 'tests.mode'"),
     (lambda o: o.update(tests={"kind": "io", "cases": []}), "field 'tests.cases'"),
     (lambda o: o.update(tests={"kind": "io", "cases": [{"stdin": ""}]}), "field 'tests.cases[0].stdout'"),
     (lambda o: o.update(epsilon=-1), "field 'epsilon'"),

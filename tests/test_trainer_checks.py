@@ -1,5 +1,5 @@
 """`precisecoder train` refuses a bad config with exit 2 and one line before it writes anything,
-refuses forgeable training tasks unless allowed, and keeps its parts' imports one-way."""
+and keeps its parts' imports one-way."""
 
 import json
 import subprocess
@@ -75,20 +75,6 @@ def test_resume_without_a_checkpoint_exits_2_and_leaves_the_directory_as_it_was(
         assert f"no checkpoint in {out}; drop --resume to start a new run" in capsys.readouterr().err
         assert sorted(p.name for p in out.iterdir()) == ["config.yaml"] if existing else not out.exists()
     assert (out / "config.yaml").read_text() == "kept\n"
-
-
-def test_forgeable_training_tasks_are_refused_unless_allowed(tmp_path, capsys):
-    rows = [json.loads(line) for line in Path(EXAMPLES).read_text().splitlines()]
-    rows[0]["tests"]["mode"] = "inprocess"
-    train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = config(tmp_path / "run", data={"train": str(train)})
-    with pytest.raises(TrainError, match=r"data.train: 1 tasks run their tests inprocess.*example/add#b0.*"
-                                         r"data.allow_forgeable: true"):
-        read_train_tasks(cfg, TOKENIZER)
-    allowed = config(tmp_path / "run", data={"train": str(train), "allow_forgeable": True})
-    assert len(read_train_tasks(allowed, TOKENIZER)[0]) == len(rows)
-    assert "WARNING: training on 1 forgeable tasks" in capsys.readouterr().err
 
 
 def test_loading_a_config_imports_no_jax_and_evaluation_does_not_import_the_trainer():
