@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from jaxrl.cli import main as cli_main
-from reward.data.bcb import bcb_problem, bcb_problems, drop_category, library_coverage
+from reward.data.bcb import bcb_problem, bcb_problems, drop_category, library_coverage, plain_python_failure
 from reward.fleet import Fleet
 from reward.modes import SET_IN_FILE, choose_mode, process_features
 from reward.sandbox import Job
@@ -116,7 +114,7 @@ def test_fixtures_are_bigcodebench_records_whose_tests_pass_in_plain_python():
     assert len(records) == 10 and {"task_id", "complete_prompt", "instruct_prompt", "canonical_solution", "code_prompt",
                                     "test", "entry_point", "doc_struct", "libs"} <= set(records[0])
     for rec in records:
-        assert plain_python_passes(rec), rec["task_id"]
+        assert plain_python_failure(rec) is None, rec["task_id"]
 
 
 def test_imported_fixture_tasks_verify_in_the_mode_check_chooses(imported, sandbox_missing, capsys):
@@ -161,20 +159,6 @@ def test_library_coverage_counts_kept_and_dropped_per_library():
     assert drop_category("timeout: timeout") == "timeout"
 
 
-def plain_python_passes(rec: dict, timeout_s: float = 60.0) -> bool:
-    """Whether the reference passes its tests in plain Python here: program + tests + unittest.main, in a
-    subprocess in a fresh directory."""
-    source = (rec["complete_prompt"] + rec["canonical_solution"] + "\n" + rec["test"]
-              + "\nimport unittest\nunittest.main(argv=['tests'], verbosity=0)\n")
-    with tempfile.TemporaryDirectory() as cwd:
-        try:
-            proc = subprocess.run([sys.executable, "-c", source], capture_output=True, timeout=timeout_s, cwd=cwd,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return False
-    return proc.returncode == 0
-
-
 def bcb_records() -> list[dict]:
     return [json.loads(line) for line in SHARED_BCB.read_text().splitlines() if line.strip()]
 
@@ -185,7 +169,7 @@ def stdlib_only(rec: dict) -> bool:
 
 def references_pass_check(records: list[dict], tmp_path: Path, capsys) -> None:
     """Every reference that passes in plain Python passes `check` as a clean task (a 60 s limit)."""
-    good = [rec for rec in records if plain_python_passes(rec)]
+    good = [rec for rec in records if plain_python_failure(rec) is None]
     assert good, "no reference passes in plain Python here"
     tasks = [Task(p.base_id, p.base_id, p.prompt, p.solution, p.solution, p.tests) for p in
              (bcb_problem(rec) for rec in good)]

@@ -15,9 +15,13 @@ from __future__ import annotations
 import ast
 import collections
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from reward.check_cli import last_exception
 from reward.data.sources import Problem, _each, _records, _text
 from reward.schema import UnittestTests
 
@@ -99,3 +103,23 @@ def library_coverage(libraries: dict[str, list[str]], kept: Sequence[str],
         out[lib] = {"problems": len(ids), "kept": sum(i in kept_ids for i in ids),
                     "dropped": dict(reasons.most_common())}
     return out
+
+
+def plain_python_failure(rec: dict[str, Any], timeout_s: float = 60.0) -> str | None:
+    """Run a record's reference with its tests in plain Python, unsandboxed, in a fresh directory:
+    None when every test passes, else why not ("status: exception line", as `drop_category` reads).
+
+    The baseline a sandboxed verdict is measured against (tests, `scripts/sandbox_modes.py`);
+    only for references you trust.
+    """
+    source = (_text(rec, "complete_prompt") + _text(rec, "canonical_solution") + "\n" + _text(rec, "test")
+              + "\nimport unittest\nunittest.main(argv=['tests'], verbosity=0)\n")
+    with tempfile.TemporaryDirectory() as cwd:
+        try:
+            proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, errors="replace",
+                                  timeout=timeout_s, cwd=cwd, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return "timeout: timeout"
+    if proc.returncode == 0:
+        return None
+    return f"error: {last_exception(proc.stderr) or proc.stderr.strip()[-200:]}"
