@@ -37,6 +37,7 @@ from jaxrl import algorithms
 from jaxrl.agent.env import DEFAULT_TURNS
 from jaxrl.prompts import AGENT_PROMPTS
 from jaxrl.sampling import Sampling
+from reward.sandbox import DEFAULT_PRELOAD
 
 
 class ConfigError(ValueError):
@@ -225,6 +226,11 @@ class RewardConfig:
         workers: sandbox workers of this host's fleet (None: the host's CPU count).
         timeout_s: wall-clock limit of one test run (a task's own timeout wins).
         isolation: "auto" (bubblewrap, else rlimits with a warning), "bwrap" or "rlimits".
+        sandbox_env: the Python environment (a venv or prefix) whose packages sandboxed runs may import,
+            read-only (None: the one precisecoder runs in; "none": the standard library only). Its
+            Python must be this host's version (docs/sandbox.md, "Library environments").
+        preload: modules the sandbox servers import before they fork, shared by every run (those the
+            environment lacks are skipped).
         threads: concurrent scorer calls in the reward pipeline (None: the workers).
         stream: score each task's group as soon as the engine has finished its samples, while it
             decodes the others (the same scores as scoring them all after decoding).
@@ -244,6 +250,8 @@ class RewardConfig:
     workers: int | None = None
     timeout_s: float = 5.0
     isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
+    sandbox_env: str | None = None
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
     threads: int | None = None
     stream: bool = True
     window_batch: int | None = 1
@@ -262,6 +270,8 @@ class RewardConfig:
             raise ValueError(f"reward.window_batch must be >= 1, got {self.window_batch}")
         if not self.timeout_s > 0:
             raise ValueError(f"reward.timeout_s must be positive, got {self.timeout_s}")
+        if not all(isinstance(m, str) and all(p.isidentifier() for p in m.split(".")) for m in self.preload):
+            raise ValueError(f"reward.preload must be module names, got {self.preload!r}")
 
 
 @dataclasses.dataclass(frozen=True)

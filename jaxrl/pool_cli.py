@@ -50,6 +50,7 @@ def main(args: argparse.Namespace) -> int:
     from models import sharding as msh
     from models.tokenizer import load_tokenizer
     from reward.fleet import Fleet
+    from reward.sandbox import library_env
     from reward.schema import SchemaError
 
     try:
@@ -57,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
         build = None
         if cfg.data.build is not None:
             build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation,
+                                   libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload),
                                    progress=not args.no_progress)
         tasks = T.read_tasks(T.task_paths(cfg.data, build)["train"], "train", args.limit)
         if not tasks:
@@ -67,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
         model = build_model(cfg, mesh, rules)
         engine = make_engine_for(cfg, model, tokenizer, mesh, rules)
         source = {"config": cfg.name, "checkpoint": cfg.model.checkpoint, "engine": cfg.rollout.engine}
-        with Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation) as fleet:
+        with Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
+                   libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload)) as fleet:
             try:
                 counts = build_pool(engine, tokenizer, tasks, settings, fleet, args.out, model=source,
                                     batch_size=args.batch_size, progress=not args.no_progress)

@@ -46,7 +46,7 @@ from jaxrl.saved_run import build_model
 from models import sharding as msh
 from models.tokenizer import load_tokenizer
 from reward.fleet import Fleet
-from reward.sandbox import Limits
+from reward.sandbox import Limits, library_env
 from reward.schema import Task
 
 
@@ -122,7 +122,8 @@ def read_train_tasks(cfg: Config, tokenizer: Any) -> tuple[list[Task], list[Task
     """(train, val, GT Debug) tasks."""
     build = None
     if cfg.data.build is not None:
-        build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation, progress=cfg.run.progress)
+        build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation, progress=cfg.run.progress,
+                               libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))
     paths = T.task_paths(cfg.data, build)
     train = T.read_tasks(paths["train"], "train")
     train = T.with_clean_rows(train, cfg.data.clean_share, cfg.data.seed)
@@ -202,7 +203,8 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
             raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
         stack.callback(run.engine.close)
         run.fleet = fleet if fleet is not None else stack.enter_context(contextlib.closing(
-            Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)))
+            Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
+                  libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))))
         run.scorer = stack.enter_context(contextlib.closing(R.RewardPipeline(
             run.fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
             cfg.reward.window_batch)))

@@ -48,6 +48,7 @@ from jaxrl.losses import chunked_logprobs
 from jaxrl.sft_losses import dpo_loss, sequence_logprobs, sft_loss
 from models import sharding as msh
 from reward.extract import prompt_opens_think
+from reward.sandbox import library_env
 from reward.schema import SchemaError, load_tasks, read_jsonl, write_jsonl
 
 SUPERVISED, PAIRS = "supervised.yaml", "pairs.jsonl"
@@ -299,7 +300,11 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
 
 def _validation_tasks(cfg: Config) -> list:
     """The val tasks (first `validation.val_tasks`) and GT Debug tasks (first `validation.gt_debug_tasks`)."""
-    build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation) if cfg.data.build else None
+    if cfg.data.build is None:
+        build = None
+    else:
+        build = T.ensure_built(cfg.data.build, cfg.reward.workers, cfg.reward.isolation,
+                               libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))
     paths = T.task_paths(cfg.data, build)
     return (T.read_tasks(paths["val"], "val", cfg.validation.val_tasks)
             + T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))
@@ -314,7 +319,8 @@ class _Validator:
         from reward.sandbox import Limits
 
         self.cfg, self.tokenizer, self.mesh, self.rules = cfg, tokenizer, mesh, rules
-        self.fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation)
+        self.fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
+                           libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))
         self.scorer = R.RewardPipeline(self.fleet, cfg.reward.lam, cfg.reward.epsilon,
                                        Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
                                        cfg.reward.window_batch)

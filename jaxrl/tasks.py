@@ -44,12 +44,13 @@ def build_dir(spec: BuildSpec) -> Path:
 
 
 def ensure_built(spec: BuildSpec, workers: int | None = None, isolation: str = "auto",
-                 progress: bool = False) -> Path:
+                 progress: bool = False, libraries=None) -> Path:
     """Build the task set of `spec` unless it is cached; returns its directory.
 
     The set is written to a temporary directory and renamed into place, so an
     interrupted build never leaves a half set behind; sandbox verdicts are cached
-    across attempts, so a rerun replays them.
+    across attempts, so a rerun replays them. `libraries`: the sandbox's library
+    environment (`reward.sandbox.LibraryEnv`; None: this process's).
     """
     from reward.data.build import BuildConfig, build, write
     from reward.data.sources import humaneval_problems
@@ -62,7 +63,8 @@ def ensure_built(spec: BuildSpec, workers: int | None = None, isolation: str = "
     problems = humaneval_problems()[: spec.problems]
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
     try:
-        with Fleet(workers=workers, cache_path=out.parent / f"{out.name}.runs.jsonl", isolation=isolation) as fleet:
+        with Fleet(workers=workers, cache_path=out.parent / f"{out.name}.runs.jsonl", isolation=isolation,
+                   libraries=libraries) as fleet:
             result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=progress and phase),
                            BuildConfig(seed=spec.seed, max_per_operator=spec.max_per_operator), progress=progress)
         write(result, tmp)

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from reward.cli_args import output_dir_error, user_path
+from reward.cli_args import SANDBOX_ENV_HELP, output_dir_error, sandbox_env_path, user_path
 
 if TYPE_CHECKING:
     from jaxrl.config import Config
@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="a named config (see jaxrl/configs) or a YAML path")
     parser.add_argument("--steps", type=int, help="run.steps: train up to this step")
     parser.add_argument("--out", type=user_path, help="run.out: the run directory")
+    parser.add_argument("--sandbox-env", type=sandbox_env_path, metavar="PATH",
+                        help="reward.sandbox_env: " + SANDBOX_ENV_HELP)
     parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key (dotted), e.g. --set rollout.group_size=4; repeatable")
@@ -51,11 +53,13 @@ def resolve_paths(cfg: Config) -> Config:
     A config file's paths (`run.out`, `data.train`, ...) mean what they would typed on the
     command line beside `--set`; Orbax and the sandbox workers then never see a relative path.
     """
-    data = cfg.data
+    data, env = cfg.data, cfg.reward.sandbox_env
     build = data.build and dataclasses.replace(data.build, cache_dir=_absolute(data.build.cache_dir))
     data = dataclasses.replace(data, train=_absolute(data.train), val=_absolute(data.val),
                                gt_debug=_absolute(data.gt_debug), build=build)
-    return dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, out=_absolute(cfg.run.out)),
+    reward = dataclasses.replace(cfg.reward, sandbox_env=env if env in (None, "none") else _absolute(env))
+    return dataclasses.replace(cfg, data=data, reward=reward,
+                               run=dataclasses.replace(cfg.run, out=_absolute(cfg.run.out)),
                                model=dataclasses.replace(cfg.model, checkpoint=_absolute(cfg.model.checkpoint)))
 
 
@@ -64,13 +68,21 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         from jaxrl.config import config_from_args
-        cfg = resolve_paths(config_from_args(args.config, args.overrides, args.steps, args.out))
+        overrides = args.overrides + ([f"reward.sandbox_env={args.sandbox_env}"] if args.sandbox_env else [])
+        cfg = resolve_paths(config_from_args(args.config, overrides, args.steps, args.out))
     except ConfigError as e:
         print(f"precisecoder train: config error: {e}", file=sys.stderr)
         return 2
     problem = output_dir_error(cfg.run.out)
     if problem:
         print(f"precisecoder train: run.out {problem}", file=sys.stderr)
+        return 2
+    from reward.sandbox import library_env
+
+    try:
+        library_env(cfg.reward.sandbox_env, cfg.reward.preload)
+    except ValueError as e:
+        print(f"precisecoder train: reward.sandbox_env: {e}", file=sys.stderr)
         return 2
     from jaxrl import hosts
     from jaxrl.tasks import DataError

@@ -21,7 +21,8 @@ import argparse
 import sys
 from collections import Counter
 
-from reward.cli_args import first_tasks, megabytes, output_file_error, positive_int, seconds, user_path
+from reward.cli_args import (SANDBOX_ENV_HELP, first_tasks, megabytes, output_file_error, positive_int, sandbox_env,
+                             seconds, user_path)
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
 from reward.modes import choose_mode
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory of a whole run in MiB for tasks without memory_mb (default: 1024)")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    parser.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -127,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         done = []
     try:
-        with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+        with Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env) as fleet:
             chunk = max(32, 8 * fleet.num_workers)
             for start in range(len(done), len(records), chunk):
                 _run_chunk(fleet, records[start:start + chunk], jobs[start:start + chunk], args.no_progress)

@@ -100,3 +100,23 @@ def output_dir_error(path: str) -> str | None:
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         return f"{path}: cannot be created under {parent}"
     return None
+
+
+def sandbox_env_path(text: str) -> str:
+    """argparse type: a library environment's path made absolute, or `none` as typed."""
+    return text if text == "none" else user_path(text)
+
+
+def sandbox_env(text: str):
+    """argparse type: `--sandbox-env PATH`, the library environment of sandboxed runs (`none`: the standard
+    library only), checked here (a Python of another version is refused) and returned as a `LibraryEnv`."""
+    from reward.sandbox import library_env
+
+    try:
+        return library_env(sandbox_env_path(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SANDBOX_ENV_HELP = ("a Python environment (venv or prefix) whose packages sandboxed programs and tests may import, "
+                    "read-only; `none` for the standard library only (default: the one precisecoder runs in)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import hashlib
 import json
 import os
 import queue
@@ -31,8 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from reward.sandbox import (WATCHDOG_MARGIN_S, Isolation, Job, RunResult, SandboxWorker, WorkerDied,
-                            job_deadline_s, resolve_isolation)
+from reward.sandbox import (WATCHDOG_MARGIN_S, Isolation, Job, LibraryEnv, RunResult, SandboxWorker, WorkerDied,
+                            job_deadline_s, library_env, resolve_isolation)
 
 MAX_CACHE_ENTRIES = 200_000  # at most ~4 KiB each (two output excerpts): under 1 GiB
 WATCHDOG_POLL_S = 0.5
@@ -62,6 +63,8 @@ class Fleet:
       timeout_retries: how many times a run that timed out is run again before its timeout stands
         (`data build` uses 1: a timeout caused by machine load should not drop a candidate).
       max_cache_entries: how many results the cache keeps (the least recently used go first).
+      libraries: the packages runs may import (default: this process's environment, `library_env()`);
+        part of every cache key, so a verdict is reused only under the same environment.
 
     A timeout is never cached across batches nor written to `cache_path`: it may
     come from machine load rather than the program. Several threads may call
@@ -71,7 +74,8 @@ class Fleet:
 
     def __init__(self, workers: int | None = None, cache: bool = True,
                  cache_path: str | os.PathLike | None = None, isolation: Isolation = "auto",
-                 timeout_retries: int = 0, max_cache_entries: int = MAX_CACHE_ENTRIES):
+                 timeout_retries: int = 0, max_cache_entries: int = MAX_CACHE_ENTRIES,
+                 libraries: LibraryEnv | None = None):
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         if timeout_retries < 0:
@@ -80,6 +84,7 @@ class Fleet:
             raise ValueError(f"max_cache_entries must be a positive integer, got {max_cache_entries!r}")
         self.num_workers = workers or os.cpu_count() or 1
         self.isolation = resolve_isolation(isolation)
+        self.libraries = library_env() if libraries is None else libraries
         self.cache_enabled = cache
         self.timeout_retries = timeout_retries
         self.stats = FleetStats()
@@ -134,7 +139,7 @@ class Fleet:
             if not self.cache_enabled:
                 return 0
             for job, result in verdicts:
-                key = job.key()
+                key = self._key(job)
                 if _cacheable(result) and key not in self._cache:
                     self._cache[key] = result
                     added += 1
@@ -160,7 +165,7 @@ class Fleet:
         with self._lock:
             for i, job in enumerate(jobs):
                 try:
-                    key = job.key()
+                    key = self._key(job)
                 except Exception as e:  # noqa: BLE001 - a malformed job fails alone
                     results[i] = _error(f"sandbox could not take the job: {type(e).__name__}: {e}")
                     continue
@@ -302,13 +307,17 @@ class Fleet:
         self._drop(slot)
         if self._closed:
             return None
-        worker = SandboxWorker(self.isolation)
+        worker = SandboxWorker(self.isolation, libraries=self.libraries)
         with self._lock:
             if not self._closed:
                 self._workers[slot] = worker
                 return worker
         worker.close()  # close() ran while it started
         return None
+
+    def _key(self, job: Job) -> str:
+        """The job's content address under this fleet's library environment."""
+        return hashlib.sha256(f"{job.key()}:{self.libraries.digest}".encode()).hexdigest()
 
     def _watch(self) -> None:
         """Kill the worker of every job past its deadline (`job_deadline_s`): nothing a program does hangs `run`."""
@@ -400,13 +409,13 @@ def _close_process_worker() -> None:
         _process_worker.close()
 
 
-def _run_in_process_sandbox(job: Job, isolation: str) -> RunResult:
+def _run_in_process_sandbox(job: Job, isolation: str, libraries: LibraryEnv) -> RunResult:
     """Run `job` in this process's own sandbox worker, started on first use."""
     global _process_worker
     for attempt in range(2):
         try:
             if _process_worker is None or not _process_worker.alive():
-                _process_worker = SandboxWorker(isolation)  # type: ignore[arg-type]
+                _process_worker = SandboxWorker(isolation, libraries=libraries)  # type: ignore[arg-type]
             return _process_worker.run(job)
         except (WorkerDied, RuntimeError, OSError) as e:
             error = e
@@ -421,14 +430,16 @@ def _run_in_process_sandbox(job: Job, isolation: str) -> RunResult:
 class _SandboxRun:
     """Picklable map function for Grain workers."""
 
-    def __init__(self, isolation: str):
+    def __init__(self, isolation: str, libraries: LibraryEnv):
         self.isolation = isolation
+        self.libraries = libraries
 
     def __call__(self, job: Job) -> RunResult:
-        return _run_in_process_sandbox(job, self.isolation)
+        return _run_in_process_sandbox(job, self.isolation, self.libraries)
 
 
-def grain_dataset(jobs: Sequence[Job], workers: int | None = None, isolation: Isolation = "auto"):
+def grain_dataset(jobs: Sequence[Job], workers: int | None = None, isolation: Isolation = "auto",
+                  libraries: LibraryEnv | None = None):
     """A Grain IterDataset of `RunResult`s, in job order, computed by worker processes.
 
     Each Grain worker process owns one sandbox server. Grain's multiprocessing
@@ -446,6 +457,6 @@ def grain_dataset(jobs: Sequence[Job], workers: int | None = None, isolation: Is
         raise RuntimeError("grain_dataset needs absl flags parsed by the application: "
                            "call absl.flags.FLAGS(sys.argv[:1]) in its entry point first")
     mode = resolve_isolation(isolation)
-    ds = grain.MapDataset.source(list(jobs)).map(_SandboxRun(mode))
+    ds = grain.MapDataset.source(list(jobs)).map(_SandboxRun(mode, library_env() if libraries is None else libraries))
     n = workers or os.cpu_count() or 1
     return ds.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=n))

@@ -2,7 +2,8 @@
 
 A `SandboxWorker` holds two long-lived sandboxes, each a pre-warmed bare
 interpreter inside bubblewrap (new pid, network, ipc, uts and mount namespaces;
-a read-only view of only the interpreter and the system libraries, every
+a read-only view of only the host's interpreter, the system libraries and the
+site-packages of a library environment (`library_env`), every other
 site-packages and dist-packages directory hidden; a scrubbed environment; as
 root, a dedicated unprivileged uid each):
 
@@ -33,6 +34,7 @@ import array
 import collections
 import dataclasses
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -65,7 +67,8 @@ Isolation = Literal["auto", "bwrap", "rlimits"]
 
 _HERE = Path(__file__).parent
 CODEC_SOURCE = (_HERE / "sandbox_codec.py").read_text()
-SPARES_SOURCE = CODEC_SOURCE + "\n" + (_HERE / "sandbox_spares.py").read_text()
+SPARES_SOURCE = "\n".join([CODEC_SOURCE, (_HERE / "sandbox_preload.py").read_text(),
+                           (_HERE / "sandbox_spares.py").read_text()])
 ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_text(),
                            (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
@@ -212,10 +215,101 @@ class RunResult:
         return dataclasses.asdict(self)
 
 
+# Modules the servers import before they fork (those the environment has): runs share them.
+DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
+# Set in the sandboxes before anything is preloaded: one thread per library (a server must stay
+# single-threaded to fork and enter namespaces, and idle thread stacks would eat the address-space
+# limit), matplotlib without a display, its caches in the sandbox's own /tmp.
+LIBRARY_ENV_VARS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1", "MPLBACKEND": "Agg",
+                    "MPLCONFIGDIR": "/tmp"}
+# Top-level packages of this project: a library environment holding a copy of them is refused.
+PROJECT_PACKAGES = ("reward", "jaxrl", "models")
+
+
+@dataclasses.dataclass(frozen=True)
+class LibraryEnv:
+    """A Python environment whose packages sandboxed runs may import (read-only), and the preload list.
+
+    `site_dirs` are the environment's site-packages directories: the only part of
+    it the sandboxes see. `digest` names its contents (each directory's
+    distributions and versions) so that verdicts cached under one environment are
+    not reused under another.
+    """
+
+    prefix: str
+    site_dirs: tuple[str, ...]
+    preload: tuple[str, ...]
+    digest: str
+
+    def setup_json(self) -> str:
+        """What the servers read (`reward/sandbox_preload.py`): the paths to import from, the modules to preload."""
+        return json.dumps({"paths": list(self.site_dirs), "preload": list(self.preload)})
+
+
+STDLIB_ONLY = LibraryEnv("", (), (), "stdlib")
+
+
+def _distributions(site_dirs: tuple[str, ...]) -> list[str]:
+    return sorted(name for d in site_dirs for name in os.listdir(d) if name.endswith((".dist-info", ".egg-info")))
+
+
+@functools.lru_cache(maxsize=16)
+def library_env(path: str | None = None, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> LibraryEnv:
+    """The library environment at `path` (a venv or a Python prefix; None: the one this process runs in).
+
+    Its interpreter must be this host's Python version (major.minor and cache tag): the
+    sandbox always runs the host's own interpreter and only imports the environment's
+    packages, whose compiled extensions are built for one ABI. "none" gives `STDLIB_ONLY`.
+
+    Raises:
+      ValueError: no Python at `path`, another Python version, or the project's own packages in it.
+    """
+    if path == "none":
+        return STDLIB_ONLY
+    prefix = os.path.realpath(sys.prefix if path is None else path)
+    python = os.path.join(prefix, "bin", "python")
+    probe = ("import json, site, sys; print(json.dumps([list(sys.version_info[:2]), sys.implementation.cache_tag, "
+             "sys.version.split()[0], site.getsitepackages()]))")
+    try:
+        out = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+        version, tag, full, sites = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise ValueError(f"sandbox env {path}: no working Python at {python} ({type(e).__name__})") from None
+    if (tuple(version), tag) != (tuple(sys.version_info[:2]), sys.implementation.cache_tag):
+        raise ValueError(f"sandbox env {path} runs Python {full}, the sandbox this host's {sys.version.split()[0]}: "
+                         f"build the environment with Python {sys.version_info[0]}.{sys.version_info[1]} "
+                         "(scripts/setup.sh bcb)")
+    site_dirs = tuple(dict.fromkeys(os.path.realpath(d) for d in sites if os.path.isdir(d)))
+    own = [os.path.join(d, p) for d in site_dirs for p in PROJECT_PACKAGES if os.path.isdir(os.path.join(d, p))]
+    if own:
+        raise ValueError(f"sandbox env {path} holds this project's own packages ({', '.join(own)}): programs "
+                         "would see its source; use an environment without them (or an editable install)")
+    digest = hashlib.sha256(json.dumps([full, site_dirs, _distributions(site_dirs), preload]).encode()).hexdigest()
+    return LibraryEnv(prefix, site_dirs, tuple(preload), digest[:16])
+
+
 def _interpreter() -> tuple[str, str]:
     """The real interpreter binary (not a venv shim) and its installation prefix."""
     exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     return exe, os.path.realpath(sys.base_prefix)
+
+
+def _libpython_dir() -> str | None:
+    """The directory of the libpython this process loaded (from /proc/self/maps), None if linked statically.
+
+    The sandbox's loader must find this one, not another installation's
+    (the system's 3.11.2 under /usr/lib while the host runs 3.11.7).
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith("libpython"):
+                    return os.path.dirname(os.path.realpath(path))
+    except OSError:
+        pass
+    return None
 
 
 def package_dirs(roots: list[str]) -> list[str]:
@@ -230,8 +324,42 @@ def package_dirs(roots: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
-    """bubblewrap arguments exposing only the interpreter and system libraries, read-only.
+def sandbox_environment(libraries: LibraryEnv) -> dict[str, str]:
+    """The whole environment of a sandbox's servers (and so of every run)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    libdir = _libpython_dir()
+    if libdir is not None:
+        env["LD_LIBRARY_PATH"] = libdir
+    if libraries.site_dirs:
+        env.update(LIBRARY_ENV_VARS)
+    return env
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def _ro_bind_with_parents(path: str, made: set[str]) -> list[str]:
+    """bubblewrap arguments binding `path` read-only at the same place, its missing parents made 0755.
+
+    bubblewrap would copy the host's modes of the parents it makes: /root is 0700, so
+    a sandbox uid could not reach an interpreter under /root/.pyenv (and the loader
+    fell back to the system's libpython).
+    """
+    cmd = []
+    parent = os.path.dirname(path)
+    parents = []
+    while parent not in ("/", "") and parent not in made:
+        parents.append(parent)
+        parent = os.path.dirname(parent)
+    for p in reversed(parents):
+        made.add(p)
+        cmd += ["--perms", "0755", "--dir", p]
+    return cmd + ["--ro-bind", path, path]
+
+
+def _bwrap_command(uid: int | None, source: str, args: list[str], libraries: LibraryEnv = STDLIB_ONLY) -> list[str]:
+    """bubblewrap arguments exposing only the interpreter, the system libraries and `libraries`, read-only.
 
     No --die-with-parent: its parent-death signal fires when the *thread* that
     started bwrap exits. The servers exit on their own when their control socket
@@ -239,9 +367,9 @@ def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
     """
     exe, prefix = _interpreter()
     cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-           "--unshare-cgroup-try", "--new-session", "--clearenv",
-           "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-           "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+           "--unshare-cgroup-try", "--new-session", "--clearenv"]
+    for name, value in sandbox_environment(libraries).items():
+        cmd += ["--setenv", name, value]
     if uid is None:
         cmd += ["--unshare-user"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -252,15 +380,25 @@ def _bwrap_command(uid: int | None, source: str, args: list[str]) -> list[str]:
     cmd += ["--ro-bind", "/usr", "/usr"]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    if not prefix.startswith("/usr/"):
-        cmd += ["--ro-bind", prefix, prefix]
+    made: set[str] = set()
+    if not _under(prefix, ["/usr"]):
+        cmd += _ro_bind_with_parents(prefix, made)
+    libdir = _libpython_dir()
+    if libdir is not None and not _under(libdir, ["/usr", prefix]):
+        cmd += _ro_bind_with_parents(libdir, made)
     for site in package_dirs(["/usr", prefix]):
-        cmd += ["--tmpfs", site, "--remount-ro", site]
+        if site not in libraries.site_dirs:
+            cmd += ["--tmpfs", site, "--remount-ro", site]
+    for site in libraries.site_dirs:
+        if not _under(site, ["/usr", prefix]):
+            cmd += _ro_bind_with_parents(site, made)
+        for finder in sorted(glob.glob(os.path.join(site, "__editable__*"))):
+            cmd += ["--ro-bind", "/dev/null", finder]  # editable installs' finders: their sources stay out
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
-    return cmd + [exe, "-I", "-S", "-c", source, *args]
+    return cmd + [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
 
 
 def _processes_of_uid(uid: int | None) -> int:
@@ -362,7 +500,7 @@ class WorkerDied(RuntimeError):
 class _Server:
     """One sandboxed server process and its SOCK_SEQPACKET control socket."""
 
-    def __init__(self, source: str, isolation: str, role: str):
+    def __init__(self, source: str, isolation: str, role: str, libraries: LibraryEnv = STDLIB_ONLY):
         self.lease = _UidLease() if isolation == "bwrap" and os.geteuid() == 0 else None
         uid = self.lease.uid if self.lease else None
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -377,17 +515,17 @@ class _Server:
         exe, _ = _interpreter()
         info_r, info_w = os.pipe()
         if isolation == "bwrap":
-            cmd = _bwrap_command(uid, source, args)
+            cmd = _bwrap_command(uid, source, args, libraries)
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
         else:
-            cmd = [exe, "-I", "-S", "-c", source, *args]
+            cmd = [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
         self.sandbox_pid: int | None = None
         self._errors = tempfile.TemporaryFile()  # the server's own stderr: read only if it fails to start
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._errors,
                 start_new_session=True, pass_fds=(info_w, server_end.fileno()),
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if isolation == "rlimits" else None,
+                env=sandbox_environment(libraries) if isolation == "rlimits" else None,
                 cwd=tempfile.gettempdir())
         except OSError:
             for fd in (info_r, info_w):
@@ -578,8 +716,11 @@ class _Outcome:
 class SandboxWorker:
     """A program sandbox, a judge sandbox and a cgroup; `run` is not thread-safe (one job at a time)."""
 
-    def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True):
+    def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True,
+                 libraries: LibraryEnv | None = None):
+        """`libraries`: the packages runs may import (default: this process's environment, `library_env()`)."""
         self.isolation = isolation
+        self.libraries = library_env() if libraries is None else libraries
         # Plain assert tests (`reward.sandbox_direct.plan_of`) are judged in this process, not a test
         # process; False sends every proxy run to the judge (to compare the two, or to price it).
         self.direct = True
@@ -591,8 +732,8 @@ class SandboxWorker:
         self._next_group = 0
         self._group_limits: dict[int, tuple[int, int]] = {}
         try:
-            self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote")
-            self._judge = _Server(JUDGE_SOURCE, isolation, "judge")
+            self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote", self.libraries)
+            self._judge = _Server(JUDGE_SOURCE, isolation, "judge", self.libraries)
             self._program.on_spare = self._adopt
             if cgroup:
                 for i in range(2):

@@ -32,6 +32,7 @@ import sys
 import traceback
 
 DETAIL = 4000
+PRELOADED_BYTES = 0  # address space the library environment's preloaded modules take (set by `judge_main`)
 
 
 class ProxyError(BaseException):
@@ -300,7 +301,7 @@ def test_main(sock, tests_source):
 
 def set_limits(limits):
     cpu = int(limits["timeout_s"]) + 1
-    memory = max(limits["memory_mb"], 2048) << 20
+    memory = (max(limits["memory_mb"], 2048) << 20) + PRELOADED_BYTES
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
 
@@ -326,6 +327,8 @@ def test_process(host):
 
 
 def judge_main():
+    global PRELOADED_BYTES
+    PRELOADED_BYTES = load_libraries(sys.argv)  # before any fork: every test process shares it
     control = socket.socket(fileno=int(sys.argv[1]))
     control.send(frame({"op": "ready"})[4:])
     serve_spares(control, test_process)

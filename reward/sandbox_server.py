@@ -47,6 +47,7 @@ PRELOAD = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal"
            "hashlib", "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing")
 for _name in PRELOAD:
     __import__(_name)
+PRELOADED_BYTES = 0  # address space the library environment's preloaded modules take (set by `zygote_main`)
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x10000000, 0x08000000
 CLONE_NEWNET = 0x40000000
@@ -274,7 +275,7 @@ def install_seccomp():
 
 def set_limits(limits, processes_in_use):
     cpu = int(limits["timeout_s"]) + 1
-    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, limits["memory_mb"] << 20),
+    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, (limits["memory_mb"] << 20) + PRELOADED_BYTES),
                        (resource.RLIMIT_NPROC, limits["max_processes"] + processes_in_use),
                        (resource.RLIMIT_FSIZE, limits["max_file_mb"] << 20),
                        (resource.RLIMIT_NOFILE, limits["max_open_files"]),
@@ -547,6 +548,8 @@ def child_main(host, isolated, processes_in_use, network=None):
 # ---- the zygote ------------------------------------------------------------------------
 
 def zygote_main():
+    global PRELOADED_BYTES
+    PRELOADED_BYTES = load_libraries(sys.argv)  # before any fork: every run shares it
     control = socket.socket(fileno=int(sys.argv[1]))
     isolated = sys.argv[2] == "isolated"
     processes_in_use = int(sys.argv[3])

@@ -20,8 +20,8 @@ import argparse
 import json
 import sys
 
-from reward.cli_args import (first_tasks, megabytes, non_negative_int, output_file_error, positive_int, seconds,
-                             user_path)
+from reward.cli_args import (SANDBOX_ENV_HELP, first_tasks, megabytes, non_negative_int, output_file_error,
+                             positive_int, sandbox_env, seconds, user_path)
 from reward.fleet import Fleet
 from reward.sandbox import Limits
 from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted
@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary-json", type=user_path, help="also write the aggregate summary here as JSON")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    parser.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     progress = False if args.no_progress else "score"
     try:
-        with Fleet(workers=args.workers, isolation=args.isolation) as fleet:
+        with Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env) as fleet:
             chunk = max(16, 4 * fleet.num_workers)
             for start in range(len(scores), len(items), chunk):
                 new = score_predictions(items[start:start + chunk], lambda jobs: fleet.run(jobs, progress=progress),

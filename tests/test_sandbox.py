@@ -181,13 +181,12 @@ def test_ipc_and_keyrings_do_not_outlive_a_run(fleet):
 
 
 def test_package_directories_are_hidden(fleet):
-    hidden = package_dirs(["/usr", sys.base_prefix])
+    """Only the library environment's site-packages are visible (tests/test_sandbox_libraries.py)."""
+    hidden = [d for d in package_dirs(["/usr", sys.base_prefix]) if d not in fleet.libraries.site_dirs]
     assert hidden, "this machine should have some site-packages or dist-packages directory"
     program = f"import os\nlisted = {{d: os.listdir(d) if os.path.isdir(d) else [] for d in {hidden!r}}}\n"
     result = run(fleet, program, "assert all(v == [] for v in listed.values()), listed\n")
     assert result.passed, result.stderr
-    for module in ("numpy", "jax", "pytest"):
-        assert run(fleet, f"import {module}\n", "").status == "error"
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="cgroups are writable only as root here")

@@ -33,7 +33,7 @@ from typing import Any
 from jaxrl import prompts
 from jaxrl.eval.evaluate import RUN, EvalError, evaluate
 from jaxrl.eval.protocol import EvalSettings
-from reward.cli_args import output_dir_error, positive_int, token_budget, user_path
+from reward.cli_args import SANDBOX_ENV_HELP, output_dir_error, positive_int, sandbox_env, token_budget, user_path
 from reward.fleet import Fleet
 from reward.schema import SchemaError, load_tasks
 from reward.score_cli import load_predictions_for
@@ -136,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--limit", type=positive_int, help="evaluate only the first N tasks of --tasks (a quick try)")
     run.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU count)")
     run.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto", help="sandbox isolation")
+    run.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -316,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        with engine, Fleet(workers=args.workers, isolation=args.isolation,
+        with engine, Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env,
                            cache_path=_cache_path(args.out)) as fleet:
             chat = kind == "openai" and args.api == "chat"
             if args.agent:

@@ -22,7 +22,8 @@ import os
 import sys
 import time
 
-from reward.cli_args import non_negative_int, output_dir_error, output_file_error, positive_int, user_path
+from reward.cli_args import (SANDBOX_ENV_HELP, non_negative_int, output_dir_error, output_file_error, positive_int,
+                             sandbox_env, user_path)
 from reward.data.bcb import bcb_libraries, bcb_problems, library_coverage
 from reward.data.build import BuildConfig, BuildResult, build, write
 from reward.data.sources import Problem, SourceError, humaneval_problems, mbpp_problems, pdb_tasks
@@ -65,6 +66,7 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also put tasks whose tests need in-process mode (forgeable verdicts) in train.jsonl")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
+    parser.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -137,7 +139,7 @@ def _build(problems: list[Problem], args: argparse.Namespace) -> tuple[int, Buil
     start = time.perf_counter()
     try:
         with Fleet(workers=args.workers, cache_path=os.path.join(cache_dir, "runs.jsonl"),
-                   isolation=args.isolation, timeout_retries=1) as fleet:
+                   isolation=args.isolation, timeout_retries=1, libraries=args.sandbox_env) as fleet:
             result = build(problems, lambda jobs, phase: fleet.run(jobs, progress=not args.no_progress and phase),
                            cfg, progress=not args.no_progress)
             runs, hits = fleet.stats.runs, fleet.stats.cache_hits
