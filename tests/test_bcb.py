@@ -92,15 +92,6 @@ def test_check_reports_mode_and_reason_and_a_patching_test_judges_the_program_no
 
 
 @pytest.fixture(scope="module")
-def sandbox_missing() -> set[str]:
-    """The fixture set's libraries that the sandbox cannot import (a library environment provides them)."""
-    libraries = ("numpy", "pandas", "matplotlib")
-    with Fleet(workers=1, cache=False) as fleet:
-        results = fleet.run([Job(f"import {lib}\n", AssertTests("pass\n", "inprocess")) for lib in libraries])
-    return {lib for lib, r in zip(libraries, results) if not r.passed}
-
-
-@pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> Path:
     """The fixture set through `data import-bcb`, every kept task in a split file (train included)."""
     out = tmp_path_factory.mktemp("bcb") / "out"
@@ -117,35 +108,25 @@ def test_fixtures_are_bigcodebench_records_whose_tests_pass_in_plain_python():
         assert plain_python_failure(rec) is None, rec["task_id"]
 
 
-def test_imported_fixture_tasks_verify_in_the_mode_check_chooses(imported, sandbox_missing, capsys):
-    """Every kept solution passes and every planted bug fails, from the task files as written (no mode
-    field); problems are dropped only for a library the sandbox lacks, and the manifest says so."""
+def test_imported_fixture_tasks_verify_in_the_mode_check_chooses(imported, tmp_path, capsys):
+    """Every solution passes and every planted bug fails, from the task files as written (no mode field):
+    no problem is dropped (numpy, pandas and matplotlib come from the library environment)."""
     manifest = json.loads((imported / "manifest.json").read_text())
-    needs = {p.base_id: set(ast.literal_eval(json.loads(line)["libs"])) & {"numpy", "pandas", "matplotlib"}
-             for p, line in zip(bcb_problems(FIXTURE), FIXTURE.read_text().splitlines())}
-    assert manifest["problems_dropped"] == [i for i, libs in needs.items() if libs & sandbox_missing]
-    for base_id, reason in manifest["problems_dropped_reasons"].items():
-        assert drop_category(reason) in {f"missing library {lib}" for lib in needs[base_id]}, reason
-    assert manifest["problems_per_mode"] == {"inprocess": 10 - len(manifest["problems_dropped"])}
+    assert manifest["problems_dropped_reasons"] == {} and manifest["problems_per_mode"] == {"inprocess": 10}
+    assert manifest["libraries"]["pandas"] == {"problems": 1, "kept": 1, "dropped": {}}
     files = [imported / f"{name}.jsonl" for name in ("train", "val", "test", "gt_debug")]
-    tasks = [t for f in files for t in load_tasks(f)]
-    assert {t.base_id for t in tasks} == set(needs) - set(manifest["problems_dropped"])
-    assert all("mode" not in json.loads(line)["tests"] for f in files for line in f.read_text().splitlines())
-    assert sum(not t.is_clean for t in tasks) >= 5 * len({t.base_id for t in tasks})
-    for f in files:
-        if f.read_text():
-            code = cli_main(["check", "--tasks", str(f), "--out", str(f.with_suffix(".runs")), "--workers", "2",
-                             "--no-progress"])
-            assert code == 0, capsys.readouterr().err
-            rows = [json.loads(line) for line in f.with_suffix(".runs").read_text().splitlines()]
-            assert all(r["mode"] == "inprocess" and r["status"] != "unverifiable" for r in rows)
-            assert all(r["passed"] == (r["target"] == "solution") for r in rows)
-
-
-def test_fixture_problems_with_libraries_verify(imported, sandbox_missing):
-    if sandbox_missing:
-        pytest.skip(f"the sandbox cannot import {', '.join(sorted(sandbox_missing))} (no library environment)")
-    assert json.loads((imported / "manifest.json").read_text())["problems_dropped"] == []
+    lines = [line for f in files for line in f.read_text().splitlines()]
+    assert all("mode" not in json.loads(line)["tests"] for line in lines)
+    (tmp_path / "all.jsonl").write_text("".join(line + "\n" for line in lines))
+    tasks = load_tasks(tmp_path / "all.jsonl")
+    assert {t.base_id for t in tasks} == {p.base_id for p in bcb_problems(FIXTURE)}
+    assert sum(not t.is_clean for t in tasks) >= 5 * 9  # bugs in every problem but GT Debug's
+    code = cli_main(["check", "--tasks", str(tmp_path / "all.jsonl"), "--out", str(tmp_path / "runs.jsonl"),
+                     "--workers", "2", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert all(r["mode"] == "inprocess" and r["status"] != "unverifiable" for r in rows)
+    assert all(r["passed"] == (r["target"] == "solution") for r in rows)
 
 
 def test_library_coverage_counts_kept_and_dropped_per_library():
@@ -163,8 +144,10 @@ def bcb_records() -> list[dict]:
     return [json.loads(line) for line in SHARED_BCB.read_text().splitlines() if line.strip()]
 
 
-def stdlib_only(rec: dict) -> bool:
-    return all(lib.split(".")[0] in sys.stdlib_module_names for lib in ast.literal_eval(rec["libs"]))
+def common_libraries_only(rec: dict) -> bool:
+    """Its libraries are the standard library's, numpy, pandas and matplotlib (the default preload)."""
+    return all(lib.split(".")[0] in sys.stdlib_module_names or lib in ("numpy", "pandas", "matplotlib")
+               for lib in ast.literal_eval(rec["libs"]))
 
 
 def references_pass_check(records: list[dict], tmp_path: Path, capsys) -> None:
@@ -184,7 +167,8 @@ def references_pass_check(records: list[dict], tmp_path: Path, capsys) -> None:
 
 @needs_bcb
 def test_a_sample_of_bigcodebench_references_pass_check(tmp_path, capsys):
-    sample = [rec for rec in bcb_records() if stdlib_only(rec)][:SAMPLE]
+    candidates = [rec for rec in bcb_records() if common_libraries_only(rec)]
+    sample = candidates[::len(candidates) // SAMPLE][:SAMPLE]
     references_pass_check(sample, tmp_path, capsys)
 
 
