@@ -78,6 +78,8 @@ def library_table(path: str, problems: Sequence[Problem], results: Sequence[RunR
     totals = {"plain_pass": len(both), "plain_pass_sandbox_pass": sum(r.passed for _, r in both),
               "sandbox_pass_plain_fail": sum(plain[p.base_id] is not None and r.passed
                                              for p, r in zip(problems, results)),
+              "plain_fail": dict(collections.Counter(drop_category(v) for v in plain.values() if v is not None)
+                                 .most_common()),
               "plain_pass_sandbox_fail": dict(collections.Counter(
                   drop_category(f"{r.status}: {failure_reason(r, False)}") for _, r in both if not r.passed)
                   .most_common()),
