@@ -109,7 +109,8 @@ def main(args: argparse.Namespace) -> int:
     if result is None:
         return code
     if args.action == "import-bcb":
-        libraries = {i: libs for i, libs in bcb_libraries(args.input).items() if i in set(ids)}
+        chosen = set(ids)
+        libraries = {i: libs for i, libs in bcb_libraries(args.input).items() if i in chosen}
         dropped = result.manifest["problems_dropped_reasons"]
         result.manifest["libraries"] = library_coverage(libraries, [i for i in ids if i not in dropped], dropped)
     write(result, args.out)
