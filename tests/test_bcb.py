@@ -129,6 +129,24 @@ def test_imported_fixture_tasks_verify_in_the_mode_check_chooses(imported, tmp_p
     assert all(r["passed"] == (r["target"] == "solution") for r in rows)
 
 
+def test_import_bcb_drops_a_failing_reference_with_its_reason_and_reads_only_the_first_n(tmp_path, capsys):
+    records = [json.loads(line) for line in FIXTURE.read_text().splitlines()][2:5]
+    records[1] = {**records[1], "task_id": "Broken/1", "libs": "['random', 'no_such_library']",
+                  "complete_prompt": "import no_such_library\n" + records[1]["complete_prompt"]}
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert cli_main(["data", "import-bcb", "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out"),
+                     "--limit", "2", "--max-per-operator", "0", "--workers", "1", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert summary["problems_dropped"] == 1 and manifest["problems"] == {"bigcodebench": 2}
+    assert manifest["problems_dropped_reasons"] == {
+        "Broken/1": "error: ModuleNotFoundError: No module named 'no_such_library'"}
+    assert manifest["libraries"]["no_such_library"] == {"problems": 1, "kept": 0,
+                                                        "dropped": {"missing library no_such_library": 1}}
+    assert manifest["problems_mode_reasons"] == {
+        "Fixture/3": "unittest tests share the program's process: mock: unittest.mock (line 2)"}
+
+
 def test_library_coverage_counts_kept_and_dropped_per_library():
     coverage = library_coverage({"A": ["numpy", "os"], "B": ["numpy"], "C": ["os"]}, ["A", "C"],
                                 {"B": "error: ModuleNotFoundError: No module named 'numpy.linalg'"})
