@@ -33,7 +33,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from reward.sandbox import (WATCHDOG_MARGIN_S, Isolation, Job, LibraryEnv, RunResult, SandboxWorker, WorkerDied,
-                            job_deadline_s, library_env, resolve_isolation)
+                            job_deadline_s, library_env, preload_for, resolve_isolation)
 
 MAX_CACHE_ENTRIES = 200_000  # at most ~4 KiB each (two output excerpts): under 1 GiB
 WATCHDOG_POLL_S = 0.5
@@ -64,7 +64,10 @@ class Fleet:
         (`data build` uses 1: a timeout caused by machine load should not drop a candidate).
       max_cache_entries: how many results the cache keeps (the least recently used go first).
       libraries: the packages runs may import (default: this process's environment, `library_env()`);
-        part of every cache key, so a verdict is reused only under the same environment.
+        part of every cache key, so a verdict is reused only under the same environment. Workers
+        preload only the modules of its preload list that the jobs so far import (run processes what
+        the programs import, test processes what the tests import): a fleet of function tasks pays
+        nothing for them, and its workers are replaced once when a batch first needs more.
 
     A timeout is never cached across batches nor written to `cache_path`: it may
     come from machine load rather than the program. Several threads may call
@@ -85,6 +88,8 @@ class Fleet:
         self.num_workers = workers or os.cpu_count() or 1
         self.isolation = resolve_isolation(isolation)
         self.libraries = library_env() if libraries is None else libraries
+        self._preload: tuple[tuple[str, ...], ...] = ((), ())  # what new workers' run and test processes preload:
+        # what the jobs so far imported there
         self.cache_enabled = cache
         self.timeout_retries = timeout_retries
         self.stats = FleetStats()
@@ -186,6 +191,9 @@ class Fleet:
                 for key in todo:
                     self._running[key] = _Running()
             self.stats.jobs += len(jobs)
+            needed = preload_for((jobs[indices[0]] for indices in todo.values()), self.libraries.preload)
+            self._preload = tuple(tuple(m for m in self.libraries.preload if m in now or m in before)
+                                  for now, before in zip(needed, self._preload))
         try:
             self._serve(jobs, todo, results, progress)
         finally:  # our runs end before we wait for another call's: no two calls wait on each other
@@ -302,12 +310,17 @@ class Fleet:
     def _start_worker(self, slot: int) -> SandboxWorker | None:
         """Worker `slot`, started if it is not running; None once the fleet is closed."""
         worker = self._workers[slot]
+        program, tests = self._preload
         if worker is not None and worker.alive():
-            return worker
+            if (worker.libraries.preload, worker.judge_preload) == (program, tests):
+                return worker
+            worker.close()  # it preloads less than the jobs now need: replaced, not a restart
+            self._workers[slot] = None
         self._drop(slot)
         if self._closed:
             return None
-        worker = SandboxWorker(self.isolation, libraries=self.libraries)
+        worker = SandboxWorker(self.isolation, libraries=dataclasses.replace(self.libraries, preload=program),
+                               judge_preload=tests)
         with self._lock:
             if not self._closed:
                 self._workers[slot] = worker

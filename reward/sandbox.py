@@ -31,6 +31,7 @@ you trust. See docs/sandbox.md for the threat model.
 from __future__ import annotations
 
 import array
+import ast
 import collections
 import dataclasses
 import fcntl
@@ -52,7 +53,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from reward import sandbox_direct
@@ -223,6 +224,9 @@ DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 LIBRARY_ENV_VARS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1", "MPLBACKEND": "Agg",
                     "MPLCONFIGDIR": "/tmp"}
+# Where the sandboxes see a library environment's site directories that are not under the interpreter's
+# prefix or /usr: the host's layout (the path of the working tree holding a venv) stays out of view.
+SANDBOX_SITE_ROOT = "/library-env"
 # Top-level packages of this project: a library environment holding a copy of them is refused.
 PROJECT_PACKAGES = ("reward", "jaxrl", "models")
 
@@ -242,12 +246,40 @@ class LibraryEnv:
     preload: tuple[str, ...]
     digest: str
 
-    def setup_json(self) -> str:
-        """What the servers read (`reward/sandbox_preload.py`): the paths to import from, the modules to preload."""
-        return json.dumps({"paths": list(self.site_dirs), "preload": list(self.preload)})
+    def setup_json(self, paths: list[str]) -> str:
+        """What the servers read (`reward/sandbox_preload.py`): the site directories as they see them, the
+        modules to preload."""
+        return json.dumps({"paths": paths, "preload": list(self.preload)})
 
 
 STDLIB_ONLY = LibraryEnv("", (), (), "stdlib")
+
+
+@functools.lru_cache(maxsize=4096)
+def imported_packages(code: str) -> frozenset[str]:
+    """Top-level packages that `code` imports anywhere (none when it does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return frozenset(names)
+
+
+def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The modules of `allowed` that the jobs' run processes and their test processes import, in `allowed`'s
+    order: a module counts where its top-level package is imported (`inprocess` tests in the run process)."""
+    program, tests = set(), set()
+    for job in jobs:
+        program |= imported_packages(job.program)
+        if isinstance(job.tests, AssertTests):
+            (program if job.tests.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
+    return tuple(tuple(m for m in allowed if m.split(".")[0] in side) for side in (program, tests))
 
 
 def _distributions(site_dirs: tuple[str, ...]) -> list[str]:
@@ -268,7 +300,8 @@ def library_env(path: str | None = None, preload: tuple[str, ...] = DEFAULT_PREL
     if path == "none":
         return STDLIB_ONLY
     prefix = os.path.realpath(sys.prefix if path is None else path)
-    python = os.path.join(prefix, "bin", "python")
+    candidates = [os.path.join(prefix, "bin", name) for name in ("python3", "python")]
+    python = sys.executable if path is None else next((p for p in candidates if os.path.exists(p)), candidates[0])
     probe = ("import json, site, sys; print(json.dumps([list(sys.version_info[:2]), sys.implementation.cache_tag, "
              "sys.version.split()[0], site.getsitepackages()]))")
     try:
@@ -339,15 +372,17 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root + "/") for root in roots)
 
 
-def _ro_bind_with_parents(path: str, made: set[str]) -> list[str]:
-    """bubblewrap arguments binding `path` read-only at the same place, its missing parents made 0755.
+def _ro_bind_with_parents(path: str, made: set[str], at: str | None = None) -> list[str]:
+    """bubblewrap arguments binding `path` read-only at `at` (default: the same place), its missing parents
+    made 0755 (`made`: the parents made so far).
 
     bubblewrap would copy the host's modes of the parents it makes: /root is 0700, so
     a sandbox uid could not reach an interpreter under /root/.pyenv (and the loader
     fell back to the system's libpython).
     """
+    at = path if at is None else at
     cmd = []
-    parent = os.path.dirname(path)
+    parent = os.path.dirname(at)
     parents = []
     while parent not in ("/", "") and parent not in made:
         parents.append(parent)
@@ -355,7 +390,7 @@ def _ro_bind_with_parents(path: str, made: set[str]) -> list[str]:
     for p in reversed(parents):
         made.add(p)
         cmd += ["--perms", "0755", "--dir", p]
-    return cmd + ["--ro-bind", path, path]
+    return cmd + ["--ro-bind", path, at]
 
 
 def _bwrap_command(uid: int | None, source: str, args: list[str], libraries: LibraryEnv = STDLIB_ONLY) -> list[str]:
@@ -389,16 +424,19 @@ def _bwrap_command(uid: int | None, source: str, args: list[str], libraries: Lib
     for site in package_dirs(["/usr", prefix]):
         if site not in libraries.site_dirs:
             cmd += ["--tmpfs", site, "--remount-ro", site]
-    for site in libraries.site_dirs:
-        if not _under(site, ["/usr", prefix]):
-            cmd += _ro_bind_with_parents(site, made)
+    inside = []
+    for i, site in enumerate(libraries.site_dirs):
+        seen = site if _under(site, ["/usr", prefix]) else f"{SANDBOX_SITE_ROOT}/{i}"
+        if seen != site:
+            cmd += _ro_bind_with_parents(site, made, seen)
         for finder in sorted(glob.glob(os.path.join(site, "__editable__*"))):
-            cmd += ["--ro-bind", "/dev/null", finder]  # editable installs' finders: their sources stay out
+            cmd += ["--ro-bind", "/dev/null", seen + finder[len(site):]]  # their finders name the sources
+        inside.append(seen)
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all"]
-    return cmd + [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
+    return cmd + [exe, "-I", "-S", "-c", source, *args, libraries.setup_json(inside)]
 
 
 def _processes_of_uid(uid: int | None) -> int:
@@ -471,7 +509,7 @@ def _probe_bwrap() -> str | None:
     if shutil.which("bwrap") is None:
         return "bwrap not found on PATH"
     try:
-        worker = SandboxWorker("bwrap")
+        worker = SandboxWorker("bwrap", libraries=STDLIB_ONLY)
     except (OSError, RuntimeError) as e:
         return str(e)
     try:
@@ -518,7 +556,7 @@ class _Server:
             cmd = _bwrap_command(uid, source, args, libraries)
             cmd = cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:]
         else:
-            cmd = [exe, "-I", "-S", "-c", source, *args, libraries.setup_json()]
+            cmd = [exe, "-I", "-S", "-c", source, *args, libraries.setup_json(list(libraries.site_dirs))]
         self.sandbox_pid: int | None = None
         self._errors = tempfile.TemporaryFile()  # the server's own stderr: read only if it fails to start
         try:
@@ -717,10 +755,13 @@ class SandboxWorker:
     """A program sandbox, a judge sandbox and a cgroup; `run` is not thread-safe (one job at a time)."""
 
     def __init__(self, isolation: Literal["bwrap", "rlimits"] = "bwrap", cgroup: bool = True,
-                 libraries: LibraryEnv | None = None):
-        """`libraries`: the packages runs may import (default: this process's environment, `library_env()`)."""
+                 libraries: LibraryEnv | None = None, judge_preload: tuple[str, ...] | None = None):
+        """`libraries`: the packages runs may import and the modules both servers preload (default: this
+        process's environment, nothing preloaded; `Fleet` chooses the preload from its jobs);
+        `judge_preload`, other modules for the judge's server."""
         self.isolation = isolation
-        self.libraries = library_env() if libraries is None else libraries
+        self.libraries = library_env(None, ()) if libraries is None else libraries
+        self.judge_preload = self.libraries.preload if judge_preload is None else judge_preload
         # Plain assert tests (`reward.sandbox_direct.plan_of`) are judged in this process, not a test
         # process; False sends every proxy run to the judge (to compare the two, or to price it).
         self.direct = True
@@ -733,7 +774,8 @@ class SandboxWorker:
         self._group_limits: dict[int, tuple[int, int]] = {}
         try:
             self._program = _Server(ZYGOTE_SOURCE, isolation, "zygote", self.libraries)
-            self._judge = _Server(JUDGE_SOURCE, isolation, "judge", self.libraries)
+            self._judge = _Server(JUDGE_SOURCE, isolation, "judge",
+                                  dataclasses.replace(self.libraries, preload=self.judge_preload))
             self._program.on_spare = self._adopt
             if cgroup:
                 for i in range(2):

@@ -12,6 +12,7 @@ numpy's global random state is reseeded in each forked child (as `random`
 reseeds itself), so unseeded runs do not all draw the same numbers.
 """
 
+import gc
 import importlib
 import json
 import os
@@ -56,4 +57,5 @@ def load_libraries(argv):
         raise RuntimeError(f"preloading {setup.get('preload')} started {threads - 1} thread(s); "
                            "set the library's thread count to 1 or leave it out of the preload list")
     os.register_at_fork(after_in_child=_reseed_numpy)
+    gc.freeze()  # a run's collections then skip (and so do not copy) the shared pages of every preloaded object
     return max(0, _vm_bytes() - before)

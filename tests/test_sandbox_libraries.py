@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def worker():
     """One worker whose proxy runs all go through the judge's test process (not the host's direct judge)."""
-    w = SandboxWorker(resolve_isolation("auto"))
+    w = SandboxWorker(resolve_isolation("auto"), libraries=library_env())
     w.direct = False
     yield w
     w.close()
@@ -151,15 +151,16 @@ def test_a_run_leaves_preloaded_modules_pristine_for_the_next(worker, mode):
 def fake_python(root, version: str) -> str:
     """A directory whose bin/python answers `library_env`'s probe as Python `version` would."""
     major, minor = version.split(".")[:2]
-    python = root / "bin" / "python"
+    python = root / "bin" / "python3"
     python.parent.mkdir(parents=True)
     python.write_text(f"#!/bin/sh\necho '[[{major}, {minor}], \"cpython-{major}{minor}\", \"{version}\", []]'\n")
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     return str(root)
 
 
-def test_check_takes_the_sandbox_env_option(tmp_path):
-    """`check --sandbox-env`: none hides numpy (the solution errs), the default has it, another Python is refused."""
+def test_check_and_train_take_the_sandbox_env_option(tmp_path):
+    """`check --sandbox-env`: none hides numpy (the solution errs), the default has it, another Python is refused
+    (by `train` too, before it loads anything)."""
     import subprocess
 
     from reward.schema import write_tasks
@@ -176,8 +177,12 @@ def test_check_takes_the_sandbox_env_option(tmp_path):
     assert "1/1 verified" in check().stderr
     bare = check("--sandbox-env", "none")
     assert bare.returncode != 0 and "0/1 verified" in bare.stderr, bare.stderr
-    refused = check("--sandbox-env", fake_python(tmp_path / "py312", "3.12.1"))
+    other = fake_python(tmp_path / "py312", "3.12.1")
+    refused = check("--sandbox-env", other)
     assert refused.returncode == 2 and "runs Python 3.12.1" in refused.stderr, refused.stderr
+    train = subprocess.run([sys.executable, "-m", "jaxrl.cli", "train", "--config", "tiny", "--out",
+                            str(tmp_path / "run"), "--sandbox-env", other], capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and "reward.sandbox_env" in train.stderr and "3.12.1" in train.stderr, train.stderr
 
 
 BCB_ENV = os.path.join(HERE, ".venv-bcb")
@@ -204,3 +209,25 @@ def test_bigcodebench_libraries_import_in_the_sandbox():
     finally:
         w.close()
     assert result.passed, result.stderr
+
+
+def test_a_fleet_preloads_only_what_its_jobs_import():
+    """Function tasks pay nothing for the preload list; the first batch importing pandas brings it into the
+    run processes, the first whose tests import numpy into the test processes."""
+    function = Job("def f(x):\n    return x + 1\n", AssertTests("assert f(1) == 2\n"), LIMITS)
+    frame = Job("import pandas as pd\ndef f():\n    return len(pd.DataFrame({'a': [1, 2]}))\n",
+                AssertTests("assert f() == 2\n"), LIMITS)
+    probe = ("import sys\nLOADED = sorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules)\n"
+             "import pandas\n")
+    numpy_tests = Job("def f():\n    return 2\n", AssertTests("import numpy as np\nassert f() == np.int64(2)\n"),
+                      LIMITS)
+    with Fleet(workers=1, cache=False) as fleet:
+        assert fleet.run([function])[0].passed
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == ((), ())
+        assert fleet.run([frame])[0].passed
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == (("pandas",), ())
+        assert fleet.run([numpy_tests])[0].passed
+        assert (fleet._workers[0].libraries.preload, fleet._workers[0].judge_preload) == (("pandas",), ("numpy",))
+        seen = fleet.run([Job(probe, AssertTests("assert LOADED == ['numpy', 'pandas'], LOADED\n"), LIMITS)])[0]
+        assert seen.passed, seen.stderr  # already imported before the program's own import ran
+        assert fleet.stats.worker_restarts == 0
