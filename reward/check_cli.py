@@ -157,19 +157,19 @@ def _run_chunk(fleet: Fleet, records: list[dict], jobs: list[Job | None], quiet:
     results = fleet.run([jobs[i] for i in runnable], progress=False if quiet else "check")
     for i, result in zip(runnable, results):
         records[i].update(passed=result.passed, status=result.status,
-                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests)),
+                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests), jobs[i].mode == "inprocess"),
                           duration_s=round(result.duration_s, 4))
     for record, job in zip(records, jobs):
         if job is None:
             record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
 
 
-def failure_reason(result: RunResult, io: bool) -> str | None:
+def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str | None:
     """Why a run did not pass, from its status and the stderr excerpt; None for a pass.
 
     An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
     defined"); a run that raised nothing says what happened instead (exited before the tests
-    finished, wrong output, ...).
+    finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass).
     """
     if result.status == "pass":
         return None
@@ -184,6 +184,9 @@ def failure_reason(result: RunResult, io: bool) -> str | None:
     exception = last_exception(result.stderr)
     if exception is not None:
         return exception
+    _, marker, detail = result.stderr.rpartition("[tests] ")
+    if inprocess and marker and detail.strip():
+        return detail.strip().splitlines()[0][:200]
     if result.stderr.rstrip().endswith("more bytes]"):
         return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
     if io:

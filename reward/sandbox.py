@@ -20,8 +20,9 @@ root, a dedicated unprivileged uid each):
 `io` runs are scripts whose stdout lands in a memfd that this process compares
 as a bounded stream. This process never blocks on a socket a program holds: it
 waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more than plain data (`AssertTests.mode ==
-"inprocess"`) run program and tests in one process, as before this design: that
-verdict can be forged, and `data build` keeps such tasks out of training sets.
+"inprocess"`, and `UnittestTests`) run program and tests in one process under a harness set up before
+the program loads (`reward/sandbox_harness.py`); the host accepts only its verdict, which carries a
+token sent with the job, and only if it names every test the source defines.
 
 Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
 the same servers without namespaces and warns loudly: use it only on programs
@@ -41,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import select
 import selectors
 import shutil
@@ -58,9 +60,10 @@ from typing import Literal
 
 from reward import sandbox_direct
 from reward.cgroups import RunCgroup
+from reward.modes import mode_of
 from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
-from reward.modes import mode_of
+from reward.sandbox_harness import expected_tests
 from reward.schema import AssertTests, IOTests, Task, Tests, UnittestTests, tests_to_json
 
 Status = Literal["pass", "fail", "error", "timeout", "oom", "killed", "unverifiable"]
@@ -70,8 +73,10 @@ _HERE = Path(__file__).parent
 CODEC_SOURCE = (_HERE / "sandbox_codec.py").read_text()
 SPARES_SOURCE = "\n".join([CODEC_SOURCE, (_HERE / "sandbox_preload.py").read_text(),
                            (_HERE / "sandbox_spares.py").read_text()])
+# The harness's run-time part is sealed in the run process (`reward/sandbox_harness.py`), so it travels as text.
 ZYGOTE_SOURCE = "\n".join([SPARES_SOURCE, (_HERE / "sandbox_seccomp.py").read_text(),
-                           (_HERE / "sandbox_server.py").read_text()])
+                           f"HARNESS_RUNTIME = {(_HERE / 'sandbox_harness_runtime.py').read_text()!r}",
+                           (_HERE / "sandbox_harness.py").read_text(), (_HERE / "sandbox_server.py").read_text()])
 JUDGE_SOURCE = SPARES_SOURCE + "\n" + (_HERE / "sandbox_judge.py").read_text()
 # Part of every job's cache key: a verdict cached by other sandbox code is not reused.
 SANDBOX_DIGEST = hashlib.sha256((ZYGOTE_SOURCE + JUDGE_SOURCE + (_HERE / "sandbox_direct.py").read_text()
@@ -151,8 +156,6 @@ class Job:
     def key(self) -> str:
         """Content address of the run (with the sandbox's own code): identical keys give identical verdicts."""
         parts = [self.program, tests_to_json(_resolved(self.tests)), self.limits.to_json(), SANDBOX_DIGEST]
-        if isinstance(self.tests, UnittestTests):
-            parts.append(UNITTEST_RUNNER)
         blob = json.dumps(parts, sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -171,28 +174,6 @@ def _resolved(tests: Tests) -> Tests:
     if isinstance(tests, AssertTests) and tests.mode is None and mode_of(tests) == "inprocess":
         return AssertTests(tests.code, "inprocess")
     return tests
-
-
-# Runs every TestCase class the unittest code defined; appended to that code in the run process.
-# A minimal harness, forgeable like every `inprocess` verdict: the hardened one replaces it.
-UNITTEST_RUNNER = """
-import sys as _sys, unittest as _unittest
-_cases = [c for c in list(globals().values())
-          if isinstance(c, type) and issubclass(c, _unittest.TestCase) and c.__module__ == __name__]
-_result = _unittest.TextTestRunner(stream=_sys.stderr, verbosity=0).run(
-    _unittest.TestSuite(_unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in _cases))
-if _result.errors:
-    raise RuntimeError(f"{len(_result.errors)} of {_result.testsRun} tests raised: "
-                       + _result.errors[0][1].strip().splitlines()[-1])
-if _result.failures or not _result.testsRun:
-    raise AssertionError(f"{len(_result.failures)} of {_result.testsRun} tests failed: "
-                         + (_result.failures[0][1].strip().splitlines()[-1] if _result.failures else "no tests"))
-"""
-
-
-def tests_source(tests: Tests) -> str:
-    """The test code an `inprocess` run executes after the program."""
-    return tests.code + UNITTEST_RUNNER if isinstance(tests, UnittestTests) else tests.code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,8 +258,8 @@ def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[tuple[st
     program, tests = set(), set()
     for job in jobs:
         program |= imported_packages(job.program)
-        if isinstance(job.tests, AssertTests):
-            (program if job.tests.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
+        if not isinstance(job.tests, IOTests):
+            (program if job.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
     return tuple(tuple(m for m in allowed if m.split(".")[0] in side) for side in (program, tests))
 
 
@@ -706,17 +687,57 @@ def _excerpt(fd: int) -> str:
     return text + (f"\n... [{size - EXCERPT} more bytes]" if size > EXCERPT else "")
 
 
-def _job_frame(job: Job) -> bytes | None:
-    """The job as the run process receives it, or None when it is over the codec's message limit."""
+def _job_frame(job: Job, token: str = "") -> bytes | None:
+    """The job as the run process receives it, or None when it is over the codec's message limit.
+
+    An `inprocess` job carries its tests, their kind and `token`, which only the harness's verdict can carry back.
+    """
     mode = job.mode
     msg = {"op": "job", "mode": mode, "fds": ["stdin", "stdout", "stderr"] + (["judge"] if mode == "proxy" else []),
            "program": job.program, "limits": job.limits.to_json()}
     if mode == "inprocess":
-        msg["tests"] = tests_source(job.tests)
+        msg.update(tests=job.tests.code, kind="unittest" if isinstance(job.tests, UnittestTests) else "assert",
+                   token=token)
     try:
         return frame(msg)
     except CodecError:
         return None
+
+
+def _expected_tests(tests: Tests) -> list[str] | None:
+    """The tests an `inprocess` verdict must report, read from their source (None: it does not parse)."""
+    if not isinstance(tests, UnittestTests):
+        return ["tests"]
+    try:
+        return expected_tests(tests.code)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
+def _harness_verdict(out: _Outcome, token: str, expected: list[str] | None) -> tuple[str | None, str]:
+    """The status an `inprocess` run's verdict gives (None: no verdict came, or it lacks a test) and its detail.
+
+    Only a frame with the run's token counts: the program cannot produce one.
+    """
+    verdicts = [v for v in out.verdicts if v.get("token") == token]
+    if not verdicts:
+        return None, "no verdict from the harness: the run ended before its tests did"
+    v = verdicts[0]
+    if not v.get("loaded"):
+        return "error", "the tests could not be set up or the program did not load"
+    tests = v.get("tests") or []
+    statuses = {name: status for name, status in tests}
+    failing = [f"{name} ({status})" for name, status in tests if status not in ("pass", "skip")]
+    if v.get("refused"):
+        return "fail", "refused in the sandbox: " + "; ".join(v["refused"][:5])
+    if not expected or sorted(statuses) != sorted(expected) or len(tests) != len(expected):
+        return "error", f"the tests that ran differ from those the source defines ({len(tests)} ran)"
+    if failing:
+        worst = "fail" if any(s == "fail" for s in statuses.values()) else "error"
+        return worst, f"{len(tests) - len(failing)} of {len(tests)} tests passed; not passed: " + ", ".join(failing[:10])
+    if expected and all(s == "skip" for s in statuses.values()):
+        return "fail", "every test was skipped"
+    return "pass", f"{len(tests)} tests passed"
 
 
 def _recv_hello(sock: socket.socket) -> int | None:
@@ -743,7 +764,7 @@ class _Outcome:
     exited: bool = False
     timed_out: bool = False
     judge: dict | None = None
-    done: bool = False
+    verdicts: list = dataclasses.field(default_factory=list)  # inprocess: the frames that claim to be verdicts
     duration_s: float = 0.0
     stdout: str = ""
     stderr: str = ""
@@ -825,7 +846,8 @@ class SandboxWorker:
         """Run one job; raises `WorkerDied` if a server is gone or stops answering."""
         if not self.alive():
             raise WorkerDied("sandbox server is not running")
-        message = _job_frame(job)
+        token = secrets.token_hex(32) if job.mode == "inprocess" else ""
+        message = _job_frame(job, token)
         if message is None:
             return RunResult(False, "error", 0.0, stderr=f"refused unrun: the job is over the sandbox's "
                              f"{MAX_BYTES >> 20} MiB limit on one message")
@@ -843,7 +865,9 @@ class SandboxWorker:
         if mode == "proxy":
             ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"
         else:
-            ok = out.done and out.exited and out.exit == 0
+            harness_status, detail = _harness_verdict(out, token, _expected_tests(job.tests))
+            out.judge = {"outcome": harness_status, "detail": detail}
+            ok = out.exited and harness_status == "pass"
         status = _classify(out, ok, mode)
         stderr = out.stderr
         if out.judge is not None and out.judge.get("detail"):
@@ -984,7 +1008,7 @@ class SandboxWorker:
                             frames, closed = readers["host"].read()
                         except CodecError:
                             frames, closed = [], True
-                        out.done = out.done or any(msg.get("op") == "done" for msg in frames)
+                        out.verdicts += [msg for msg in frames if msg.get("op") == "verdict"]
                         if closed:
                             sel.unregister(host)
                     elif key.data == "judge":
@@ -1048,7 +1072,7 @@ def _classify(out: _Outcome, ok: bool, mode: str) -> Status:
     if mode == "proxy":
         return "fail" if (out.judge or {}).get("outcome") == "fail" else "error"
     if mode == "inprocess":
-        return "fail" if out.exit == 3 else "error"
+        return (out.judge or {}).get("outcome") or "fail"
     return "error" if out.exit != 0 else "fail"
 
 

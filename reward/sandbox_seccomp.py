@@ -48,3 +48,18 @@ def seccomp_filter(machine):
         prog += [(JEQ_K, 0, 6, nr), (LD_W_ABS, 0, 0, ARG0_OFFSET), (JEQ_K, 3, 0, AF_UNIX), (JEQ_K, 2, 0, AF_INET),
                  (JEQ_K, 1, 0, AF_INET6), (RET_K, 0, 0, RET_ERRNO | EAFNOSUPPORT), (RET_K, 0, 0, RET_ALLOW)]
     return prog + [(RET_K, 0, 0, RET_ALLOW)]
+
+RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+
+
+def no_signal_handlers_filter(machine):
+    """A second filter for `inprocess` runs: rt_sigaction fails with EPERM, so no signal handler can be set.
+
+    A Python signal handler is called with the frame that was running, which would hand the program
+    the harness's and the tests' frames (`reward/sandbox_harness.py`); Python sets every handler
+    through sigaction. None for an unknown arch (the harness then refuses to run).
+    """
+    if machine not in RT_SIGACTION:
+        return None
+    return [(LD_W_ABS, 0, 0, NR_OFFSET), (JEQ_K, 0, 1, RT_SIGACTION[machine]), (RET_K, 0, 0, RET_ERRNO | EPERM),
+            (RET_K, 0, 0, RET_ALLOW)]

@@ -44,7 +44,8 @@ import types
 
 # Modules that programs commonly import: loaded once here, shared copy-on-write by every run.
 PRELOAD = ("bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "fractions", "functools",
-           "hashlib", "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing")
+           "hashlib", "heapq", "itertools", "logging", "math", "operator", "re", "statistics", "string", "typing",
+           "unittest", "unittest.mock")
 for _name in PRELOAD:
     __import__(_name)
 PRELOADED_BYTES = 0  # address space the library environment's preloaded modules take (set by `zygote_main`)
@@ -265,6 +266,17 @@ def seccomp_program():
 SECCOMP_PROGRAM = seccomp_program()  # built once in the zygote, shared by every run
 
 
+def install_no_signal_handlers():
+    """Stack `no_signal_handlers_filter` on the run's filter (`inprocess` runs, after the harness's set-up)."""
+    code = no_signal_handlers_filter(os.uname().machine)
+    if code is None:
+        raise OSError("no seccomp filter for signal handlers on this architecture")
+    insns = (ctypes.c_uint64 * len(code))(*[op | jt << 16 | jf << 24 | k << 32 for op, jt, jf, k in code])
+    program = _SockFprog(len(code), ctypes.addressof(insns))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0), "prctl(seccomp filter)")
+
+
 def install_seccomp():
     """Confine the run's syscalls with the seccomp filter (no_new_privs first, as the kernel requires)."""
     if SECCOMP_PROGRAM is None:
@@ -426,16 +438,16 @@ def answer_call(msg, handles):
         return {"op": "bad", "message": f"{msg['fn']} returned {type(result).__name__}: {e}"}
 
 
-def run_job(job, host, judge):
-    """Execute the job in this process; never returns."""
+def run_job(job, host, judge, runtime):
+    """Execute the job in this process; never returns. `runtime`: the harness's sealed code and its names."""
     code = 0
     namespace = fresh_main()
     mode = job["mode"]
-    if mode != "inprocess":
-        host.close()  # nothing more goes to the host: the verdict is not ours to report
+    if mode == "inprocess":
+        run_inprocess(job, host, namespace, libc, install_no_signal_handlers, runtime)
+    host.close()  # nothing more goes to the host: the verdict is not ours to report
     try:
         program = compile(job["program"], "main.py", "exec")
-        tests = compile(job["tests"], "tests.py", "exec") if mode == "inprocess" else None
         exec(program, namespace)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -457,21 +469,6 @@ def run_job(job, host, judge):
         except (OSError, CodecError):
             finish(1)
         serve_calls(judge, handles)
-    elif mode == "inprocess":
-        try:
-            exec(tests, namespace)
-        except BaseException as e:
-            try:
-                traceback.print_exc()
-            except BaseException:
-                pass
-            finish(3 if isinstance(e, AssertionError) else 1)
-        shut_down_like_interpreter()
-        try:
-            send_frame(host, {"op": "done"})
-        except BaseException:
-            pass
-        os._exit(0)
     finish(0)
 
 
@@ -489,7 +486,7 @@ def finish(code):
     os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
-def child_main(host, isolated, processes_in_use, network=None):
+def child_main(host, isolated, processes_in_use, network=None, runtime=None):
     """Body of a run process (pid 1 of its namespaces when isolated). Never returns.
 
     It is forked as a spare before any request exists; the host takes it for a
@@ -542,7 +539,7 @@ def child_main(host, isolated, processes_in_use, network=None):
         except BaseException:
             pass
         os._exit(70)
-    run_job(job, host, judge)
+    run_job(job, host, judge, runtime)
 
 
 # ---- the zygote ------------------------------------------------------------------------
@@ -568,7 +565,8 @@ def zygote_main():
             return pid
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     control.send(frame({"op": "ready"})[4:])
-    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use, lending[0]), fork,
+    runtime = sealed_runtime()  # a local: only the frames of the runs (which none can read) hold it
+    serve_spares(control, lambda sock: child_main(sock, isolated, processes_in_use, lending[0], runtime), fork,
                  reaped=networks.returned if networks else None)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from reward.sandbox import Job
 from reward.schema import (AssertTests, IOCase, IOTests, Prediction, SchemaError, Task, UnittestTests,
-                           load_predictions, load_tasks, tests_from_json, tests_to_json, write_predictions,
-                           write_tasks)
+                           load_predictions, load_tasks, write_predictions, write_tasks)
+from reward.schema import tests_from_json as parse_tests, tests_to_json as to_json
 
 GOOD = {"task_id": "t1", "base_id": "b", "prompt": "p", "buggy_code": "x = 1\n", "solution": "x = 2\n",
         "tests": {"kind": "assert", "code": "assert x == 2"}}
@@ -40,8 +40,8 @@ def test_round_trip(tmp_path):
 def test_unittest_tests_round_trip_and_always_run_inprocess(tmp_path):
     code = "import unittest\nclass TestCases(unittest.TestCase):\n    def test_x(self):\n        self.assertEqual(x, 2)\n"
     tests = UnittestTests(code)
-    assert tests_to_json(tests) == {"kind": "unittest", "code": code}
-    assert tests_from_json({"kind": "unittest", "code": code, "mode": "inprocess"}) == tests
+    assert to_json(tests) == {"kind": "unittest", "code": code}
+    assert parse_tests({"kind": "unittest", "code": code, "mode": "inprocess"}) == tests
     assert Job("x = 2", tests).mode == "inprocess" and Job("x = 2", AssertTests("")).mode == "proxy"
     task = Task("u", "U", "p", "x = 1\n", "x = 2\n", tests)
     write_tasks(tmp_path / "t.jsonl", [task])
