@@ -164,12 +164,16 @@ def _run_chunk(fleet: Fleet, records: list[dict], jobs: list[Job | None], quiet:
             record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
 
 
+LOAD_FAILURE = "ERROR: the program did not load"  # the inprocess harness's line, with the exception
+
+
 def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str | None:
     """Why a run did not pass, from its status and the stderr excerpt; None for a pass.
 
     An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
     defined"); a run that raised nothing says what happened instead (exited before the tests
-    finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass).
+    finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass,
+    or why the program did not load: "the program did not load (line 1): ModuleNotFoundError: ...").
     """
     if result.status == "pass":
         return None
@@ -186,7 +190,8 @@ def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str 
         return exception
     _, marker, detail = result.stderr.rpartition("[tests] ")
     if inprocess and marker and detail.strip():
-        return detail.strip().splitlines()[0][:200]
+        load = next((line for line in result.stderr.splitlines() if line.startswith(LOAD_FAILURE)), None)
+        return (load.removeprefix("ERROR: ") if load else detail.strip().splitlines()[0])[:200]
     if result.stderr.rstrip().endswith("more bytes]"):
         return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
     if io:

@@ -396,7 +396,9 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
         if unittest_kind:
             exec(tests, tests_globals)  # the classes, before the program exists
         import unittest
-        import unittest.mock  # noqa: F401  (its classes are frozen with unittest's)
+        import unittest.mock  # its classes are frozen with unittest's
+        if unittest.mock.file_spec is None:
+            unittest.mock.mock_open()  # sets the module global `file_spec` now, not in the tests' first call
         defined = {k: v for k, v in tests_names.items() if k not in real_builtins or v is not real_builtins[k]}
         plan = _plan(defined, unittest.TestCase) if unittest_kind else []
         noop = lambda: None  # noqa: E731

@@ -24,14 +24,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from reward.check_cli import failure_reason
 from reward.data.bcb import bcb_problems, drop_category, plain_python_failure
-from reward.data.build import bind_trusted_helpers
+from reward.data.build import bind_trusted_helpers, run_reason
 from reward.data.sources import Problem, _records, humaneval_problems, mbpp_problems
 from reward.fleet import Fleet
 from reward.modes import mode_of
 from reward.sandbox import Job, Limits, RunResult
-from reward.schema import AssertTests, IOTests
+from reward.schema import AssertTests
 
 LIMITS = Limits(timeout_s=30)
 
@@ -61,7 +60,7 @@ def library_table(path: str, problems: Sequence[Problem], results: Sequence[RunR
                          pool.map(lambda p: plain_python_failure(records[p.base_id]), problems)))
     table: dict[str, dict[str, Any]] = {}
     for p, result in zip(problems, results):
-        sandbox = None if result.passed else f"{result.status}: {failure_reason(result, isinstance(p.tests, IOTests))}"
+        sandbox = None if result.passed else f"{result.status}: {run_reason(result, p.tests)}"
         for lib in ast.literal_eval(records[p.base_id]["libs"]) or ["(none)"]:
             row = table.setdefault(lib, {"problems": 0, "plain_pass": 0, "sandbox_pass": 0, "plain_fail": {},
                                          "sandbox_fail": {}, "sandbox_fail_ids": []})
@@ -81,7 +80,7 @@ def library_table(path: str, problems: Sequence[Problem], results: Sequence[RunR
               "plain_fail": dict(collections.Counter(drop_category(v) for v in plain.values() if v is not None)
                                  .most_common()),
               "plain_pass_sandbox_fail": dict(collections.Counter(
-                  drop_category(f"{r.status}: {failure_reason(r, False)}") for _, r in both if not r.passed)
+                  drop_category(f"{r.status}: {run_reason(r, p.tests)}") for p, r in both if not r.passed)
                   .most_common()),
               "stdlib_only": {"problems": len(stdlib), "plain_pass": sum(plain[p.base_id] is None for p, _ in stdlib),
                               "sandbox_pass": sum(r.passed for _, r in stdlib)}}

@@ -140,7 +140,7 @@ def test_import_bcb_drops_a_failing_reference_with_its_reason_and_reads_only_the
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert summary["problems_dropped"] == 1 and manifest["problems"] == {"bigcodebench": 2}
     assert manifest["problems_dropped_reasons"] == {
-        "Broken/1": "error: ModuleNotFoundError: No module named 'no_such_library'"}
+        "Broken/1": "error: the program did not load (line 1): ModuleNotFoundError: No module named 'no_such_library'"}
     assert manifest["libraries"]["no_such_library"] == {"problems": 1, "kept": 0,
                                                         "dropped": {"missing library no_such_library": 1}}
     assert manifest["problems_mode_reasons"] == {

@@ -61,7 +61,7 @@ from reward.data.sources import Problem
 from reward.diff import diff
 from reward.modes import choose_mode, mode_of
 from reward.sandbox import Job, Limits, RunResult
-from reward.schema import AssertTests, IOTests, Task, write_tasks
+from reward.schema import AssertTests, IOTests, Task, Tests, write_tasks
 from reward.trusted_helpers import bind_helpers
 
 Runner = Callable[[Sequence[Job], str], list[RunResult]]
@@ -326,6 +326,11 @@ def bind_trusted_helpers(problems: Sequence[Problem]) -> tuple[list[Problem], di
     return out, found
 
 
+def run_reason(result: RunResult, tests: Tests) -> str | None:
+    """Why a run of these tests did not pass (`check`'s `reason`), None for a pass."""
+    return failure_reason(result, isinstance(tests, IOTests), mode_of(tests) == "inprocess")
+
+
 def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Problem], dict[str, str]]:
     """Problems whose solution passes, and the dropped ones: base_id -> why their solution fails.
 
@@ -337,7 +342,7 @@ def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Probl
              if not r.passed and isinstance(p.tests, AssertTests) and mode_of(p.tests) == "proxy"]
     marked = {i: dataclasses.replace(problems[i], tests=AssertTests(problems[i].tests.code, "inprocess"),
                                      mode_reason="its solution fails in proxy mode ("
-                                                 f"{failure_reason(results[i], False)}) and passes inprocess")
+                                                 f"{run_reason(results[i], problems[i].tests)}) and passes inprocess")
               for i in retry}
     second = dict(zip(retry, run([Job(marked[i].solution, marked[i].tests, SOLUTION_LIMITS) for i in retry],
                                  "solutions (inprocess)"))) if retry else {}
@@ -349,7 +354,7 @@ def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Probl
             good.append(marked[i])
         else:
             last = second.get(i, r)
-            dropped[p.base_id] = f"{last.status}: {failure_reason(last, isinstance(p.tests, IOTests))}"
+            dropped[p.base_id] = f"{last.status}: {run_reason(last, marked[i].tests if i in second else p.tests)}"
     return good, dropped
 
 
