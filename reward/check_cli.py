@@ -173,7 +173,8 @@ def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str 
     An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
     defined"); a run that raised nothing says what happened instead (exited before the tests
     finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass,
-    or why the program did not load: "the program did not load (line 1): ModuleNotFoundError: ...").
+    or why the program did not load: "the program did not load (line 1): ModuleNotFoundError: ...", or
+    what the harness refused: "refused in the sandbox: import ctypes").
     """
     if result.status == "pass":
         return None
@@ -190,8 +191,11 @@ def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str 
         return exception
     _, marker, detail = result.stderr.rpartition("[tests] ")
     if inprocess and marker and detail.strip():
-        load = next((line for line in result.stderr.splitlines() if line.startswith(LOAD_FAILURE)), None)
-        return (load.removeprefix("ERROR: ") if load else detail.strip().splitlines()[0])[:200]
+        lines = result.stderr.splitlines()
+        load = next((line.removeprefix("ERROR: ") for line in lines if line.startswith(LOAD_FAILURE)), None)
+        refused = next((line.replace("REFUSED:", "refused in the sandbox:", 1) for line in lines
+                        if line.startswith("REFUSED: ")), None)
+        return (load or refused or detail.strip().splitlines()[0])[:200]
     if result.stderr.rstrip().endswith("more bytes]"):
         return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
     if io:

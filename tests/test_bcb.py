@@ -156,6 +156,8 @@ def test_library_coverage_counts_kept_and_dropped_per_library():
                          "resolution>") == "network"
     assert drop_category("error: FileNotFoundError: [Errno 2] No such file") == "files (FileNotFoundError)"
     assert drop_category("timeout: timeout") == "timeout"
+    assert drop_category("error: the program did not load (line 41): RuntimeError: refused in the sandbox: import "
+                         "ctypes") == "refused by the inprocess harness: import ctypes"
 
 
 def bcb_records() -> list[dict]:

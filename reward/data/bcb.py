@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -68,11 +69,16 @@ _NETWORK = ("gaierror", "ConnectionError", "URLError", "Temporary failure in nam
 
 
 def drop_category(reason: str) -> str:
-    """A short class of why a reference failed: `missing library X`, `network`, `files`, `timeout`, ...
+    """A short class of why a reference failed: `missing library X`, `network`, `files`, `timeout`,
+    `refused by the inprocess harness: ...`, else the exception's type.
 
     `reason` is the build's "status: exception line" (`problems_dropped_reasons`).
     """
     status, _, detail = reason.partition(": ")
+    detail = re.sub(r"^the program did not load \(line \d+\): ", "", detail)
+    refused = detail.partition("refused in the sandbox: ")[2]
+    if refused:
+        return f"refused by the inprocess harness: {refused.split(';')[0].strip()}"
     missing = detail.partition("No module named ")[2]
     if missing:
         return f"missing library {missing.strip(chr(39)).split('.')[0]}"
