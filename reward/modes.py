@@ -42,13 +42,13 @@ _ATTRIBUTE_KINDS = {
     "os.mkdir": "files", "os.makedirs": "files", "os.remove": "files", "os.unlink": "files",
     "os.rmdir": "files", "os.rename": "files", "os.replace": "files", "os.symlink": "files",
     "sys.stdout": "stdio", "sys.stderr": "stdio", "sys.stdin": "stdio", "sys.argv": "stdio",
-    "sys.modules": "modules", "builtins": "modules", "__builtins__": "modules",
+    "sys.modules": "modules",
     "plt.gcf": "matplotlib state", "plt.gca": "matplotlib state", "plt.get_fignums": "matplotlib state",
     "pyplot.gcf": "matplotlib state", "pyplot.gca": "matplotlib state", "pyplot.get_fignums": "matplotlib state",
 }
 _NAME_KINDS = {"patch": "mock", "MagicMock": "mock", "Mock": "mock", "redirect_stdout": "stdio",
                "redirect_stderr": "stdio", "open": "files", "mkdtemp": "files", "NamedTemporaryFile": "files",
-               "TemporaryDirectory": "files", "mkstemp": "files"}
+               "TemporaryDirectory": "files", "mkstemp": "files", "seed": "seeds"}
 _METHOD_KINDS = {"seed": "seeds", "manual_seed": "seeds", "setstate": "seeds", "write_text": "files",
                  "write_bytes": "files", "touch": "files", "open": "files"}
 _WRITERS = ("to_csv", "to_excel", "to_json", "to_pickle", "savefig", "save")  # write a file when given a path
@@ -90,8 +90,6 @@ def _feature_of(node: ast.AST) -> tuple[str, str] | None:
         func = node.func
         if isinstance(func, ast.Name) and func.id in _NAME_KINDS:
             return _NAME_KINDS[func.id], func.id
-        if isinstance(func, ast.Name) and func.id == "seed":
-            return "seeds", "seed"
         if isinstance(func, ast.Attribute) and (func.attr in _METHOD_KINDS
                                                 or func.attr in _WRITERS and (node.args or node.keywords)):
             return _METHOD_KINDS.get(func.attr, "files"), _dotted(func) or f".{func.attr}"
