@@ -40,9 +40,10 @@ class AssertTests:
     tests that need more (patching what the program uses, files it reads, seeded
     generators), under a harness set up before the program loads that reports a
     verdict the program cannot forge. None (the default) lets
-    `reward.modes.choose_mode` decide from the code. Tests that need the
-    program's process are refused in `proxy` mode (ValueError): there a correct
-    program would fail.
+    `reward.modes.choose_mode` decide from the code. A task file that sets
+    `proxy` for tests that need the program's process is refused when it loads
+    (`tests_from_json`): there a correct program would fail. Code may still build
+    such tests, to exercise the judge's own process.
     """
 
     code: str
@@ -51,11 +52,6 @@ class AssertTests:
     def __post_init__(self):
         if self.mode is not None and self.mode not in TEST_MODES:
             raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {self.mode!r}")
-        if self.mode == "proxy":
-            from reward.modes import proxy_refusal  # reward.modes imports this module
-            refusal = proxy_refusal(self.code)
-            if refusal:
-                raise ValueError(refusal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +154,13 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
-        return AssertTests(code, obj.get("mode"))
+        tests = AssertTests(code, obj.get("mode"))
+        if tests.mode == "proxy":
+            from reward.modes import proxy_refusal  # reward.modes imports this module
+            refusal = proxy_refusal(code)
+            if refusal:
+                raise ValueError(refusal)
+        return tests
     if kind == "unittest":
         code = obj.get("code")
         if not isinstance(code, str):

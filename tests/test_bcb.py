@@ -15,7 +15,8 @@ from reward.data.bcb import bcb_problem, bcb_problems, drop_category, library_co
 from reward.fleet import Fleet
 from reward.modes import SET_IN_FILE, choose_mode, process_features
 from reward.sandbox import Job
-from reward.schema import AssertTests, IOCase, IOTests, SchemaError, Task, UnittestTests, load_tasks, write_tasks
+from reward.schema import (AssertTests, IOCase, IOTests, SchemaError, Task, UnittestTests, load_tasks,
+                           tests_from_json as parse_tests, write_tasks)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bcb_tasks.jsonl"
 # The repository's ../shared/data (CI, the main checkout), or ../../shared/data from a worktree under wt/.
@@ -67,7 +68,8 @@ def test_proxy_mode_is_refused_for_tests_that_need_the_programs_process(tmp_path
     with pytest.raises(SchemaError, match=r"t.jsonl:1: tests.mode 'proxy' .*\(seeds: random.seed \(line 2\)\)"):
         load_tasks(tmp_path / "t.jsonl")
     with pytest.raises(ValueError, match="drop the mode"):
-        AssertTests("from unittest.mock import patch\n", "proxy")
+        parse_tests({"kind": "assert", "code": "from unittest.mock import patch\n", "mode": "proxy"})
+    assert parse_tests({"kind": "assert", "code": "assert True\n", "mode": "proxy"}).mode == "proxy"
 
 
 PATCHED = Task("patched", "patched", "Roll a die.", "import random\ndef roll():\n    return random.randint(1, 5)\n",
