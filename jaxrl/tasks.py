@@ -25,6 +25,7 @@ import grain
 from jaxrl import prompts as P
 from jaxrl.config import BuildSpec, DataConfig
 from reward.extract import prompt_opens_think
+from reward.sandbox import LibraryEnv
 from reward.schema import SchemaError, Task, load_tasks
 
 SPLIT_FILES = {"train": "train.jsonl", "val": "val.jsonl", "gt_debug": "gt_debug.jsonl"}
@@ -44,13 +45,13 @@ def build_dir(spec: BuildSpec) -> Path:
 
 
 def ensure_built(spec: BuildSpec, workers: int | None = None, isolation: str = "auto",
-                 progress: bool = False, libraries=None) -> Path:
+                 progress: bool = False, libraries: LibraryEnv | None = None) -> Path:
     """Build the task set of `spec` unless it is cached; returns its directory.
 
     The set is written to a temporary directory and renamed into place, so an
     interrupted build never leaves a half set behind; sandbox verdicts are cached
     across attempts, so a rerun replays them. `libraries`: the sandbox's library
-    environment (`reward.sandbox.LibraryEnv`; None: this process's).
+    environment (None: this process's).
     """
     from reward.data.build import BuildConfig, build, write
     from reward.data.sources import humaneval_problems

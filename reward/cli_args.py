@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from typing import TYPE_CHECKING
 
 from reward.schema import MAX_MEMORY_MB, MAX_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from reward.sandbox import LibraryEnv
 
 
 def _int_at_least(text: str, low: int, kind: str) -> int:
@@ -107,7 +111,7 @@ def sandbox_env_path(text: str) -> str:
     return text if text == "none" else user_path(text)
 
 
-def sandbox_env(text: str):
+def sandbox_env(text: str) -> LibraryEnv:
     """argparse type: `--sandbox-env PATH`, the library environment of sandboxed runs (`none`: the standard
     library only), checked here (a Python of another version is refused) and returned as a `LibraryEnv`."""
     from reward.sandbox import library_env

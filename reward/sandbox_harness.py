@@ -14,7 +14,7 @@ runs first, before the program loads, and sets up what the program cannot undo:
   dict held only as a constant of their code, whose `__code__` the audit hook
   refuses to read; comparisons in the tests follow proxy mode's rules for
   objects of the program;
-- an audit hook refuses frames, tracing, `gc` walks, ctypes and `/proc`; a second
+- an audit hook refuses frames, tracing, `gc` walks and memory files; a second
   seccomp filter refuses signal handlers (each is handed the running frame);
 - unittest's, unittest.mock's and the tests' classes are made immutable types, and
   each test instance gets its own checked assertions in its `__dict__`.
@@ -263,9 +263,6 @@ REFUSED_EVENTS = frozenset({"sys._current_frames", "sys._current_exceptions", "s
 # never be had at all). Reading them raises; as libraries read them (tracebacks), it is not held against the run.
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code",
                               "f_code"})
-CTYPES_POINTERS = ("memmove", "memset", "_cast", "cast", "_string_at", "string_at", "_wstring_at", "wstring_at",
-                   "pythonapi", "_memmove_addr", "_memset_addr", "_cast_addr", "_string_at_addr",
-                   "_wstring_at_addr")
 
 
 def _all_classes():
@@ -319,25 +316,13 @@ def _classes_to_freeze(plan):
     return list({id(c): c for c in found}.values())
 
 
-def _defang_ctypes(libc):
-    """Drop the ready-made ctypes function pointers a program could reach (they call C without an audit
-    event), and ctypes itself from sys.modules (importing it again is then refused)."""
-    libc.__dict__.clear()
-    module = sys.modules.get("ctypes")
-    if module is not None:
-        for name in CTYPES_POINTERS:
-            vars(module).pop(name, None)
-    for name in [n for n in sys.modules if n == "ctypes" or n.startswith("ctypes.") or n == "_ctypes"]:
-        del sys.modules[name]
-
-
 def _private_names(real_builtins, host, token, tests_globals, harness_globals):
     """The runtime's private dict: real built-ins and everything it calls, captured before the program loads."""
     import _operator
     names = dict(real_builtins)
     names.update(
         armed=[False], refused=[], refused_events=REFUSED_EVENTS, frame_attributes=FRAME_ATTRIBUTES,
-        refused_imports=frozenset({"ctypes", "_ctypes"}), function_type=types.FunctionType,
+        function_type=types.FunctionType,
         function_globals=vars(types.FunctionType)["__globals__"].__get__, tests_globals=tests_globals,
         harness_globals=harness_globals, current_dir=os.getcwd, mro_of=vars(type)["__mro__"].__get__,
         scalar_ids=frozenset(id(t) for t in (int, float, complex, str, bytes, bool, type(None))),
@@ -377,7 +362,20 @@ def sealed_runtime():
     return seal(HARNESS_RUNTIME, "harness.py", names), names
 
 
-def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
+def patch_targets(source):
+    """(dotted paths, names) the tests' source may patch: every dotted string constant in it, and the
+    string arguments of `patch.object` and `patch.dict`-like calls. Changes to those are the tests' own."""
+    paths, names = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                and all(part.isidentifier() for part in node.value.split(".")):
+            paths.add(node.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "object":
+            names |= {a.value for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return frozenset(paths), frozenset(names)
+
+
+def run_inprocess(job, host, namespace, install_signal_filter, runtime):
     """Run an `inprocess` job in this process: harness, program, tests, verdict. Never returns."""
     token = job.pop("token")
     real_builtins = dict(vars(builtins))
@@ -402,7 +400,9 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
         defined = {k: v for k, v in tests_names.items() if k not in real_builtins or v is not real_builtins[k]}
         plan = _plan(defined, unittest.TestCase) if unittest_kind else []
         noop = lambda: None  # noqa: E731
-        private.update(plan=plan, skip_exception=unittest.SkipTest, testcase_init=unittest.TestCase.__init__,
+        patched_paths, patched_names = patch_targets(job["tests"])
+        private.update(plan=plan, skip_exception=unittest.SkipTest, patched_paths=patched_paths,
+                       patched_names=patched_names, testcase_init=unittest.TestCase.__init__,
                        set_up_module=defined.get("setUpModule", noop), tear_down_module=defined.get("tearDownModule", noop),
                        flag_cells={id(c): _flag_cell(c) for c in _classes_to_freeze(plan)})
         for cls in _classes_to_freeze(plan):
@@ -412,16 +412,17 @@ def run_inprocess(job, host, namespace, libc, install_signal_filter, runtime):
         private.update(trusted_ids=frozenset(trusted), trusted_classes=list(trusted.values()))
         protected = sorted(n for n, m in sys.modules.items() if isinstance(m, types.ModuleType) and (
             n in PROTECTED_MODULES or n.startswith(PROTECTED_PACKAGES) or n in ("numpy", "pandas")))
-        snapshots = [(n, vars(sys.modules[n]), dict(vars(sys.modules[n]))) for n in protected]
+        snapshots = [(n, vars(sys.modules[n]), {k: v for k, v in vars(sys.modules[n]).items()
+                                                 if callable(v) or isinstance(v, types.ModuleType)},
+                      frozenset(vars(sys.modules[n]))) for n in protected]  # plain settings may change
         private.update(snapshots=snapshots, modules_snapshot=[(n, sys.modules[n]) for n in protected],
-                       snapshot_of={id(sys.modules[n]): snap for n, _, snap in snapshots},
+                       snapshot_of={id(sys.modules[n]): snap for n, _, snap, _ in snapshots},
                        modules_by_id={id(sys.modules[n]): sys.modules[n] for n in protected})
         del sys._getframe  # inspect.currentframe() is None from now on; pandas and logging cope
         if "logging" in sys.modules:
             sys.modules["logging"].currentframe = lambda: None
         traceback.clear_frames = lambda tb: None  # assertRaises calls it on the caught exception
         install_signal_filter()
-        _defang_ctypes(libc)
     except BaseException:
         report("ERROR: the tests could not be set up (before the program loaded):\n" + traceback.format_exc())
         finish([], False)

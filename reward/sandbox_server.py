@@ -444,7 +444,7 @@ def run_job(job, host, judge, runtime):
     namespace = fresh_main()
     mode = job["mode"]
     if mode == "inprocess":
-        run_inprocess(job, host, namespace, libc, install_no_signal_handlers, runtime)
+        run_inprocess(job, host, namespace, install_no_signal_handlers, runtime)
     host.close()  # nothing more goes to the host: the verdict is not ours to report
     try:
         program = compile(job["program"], "main.py", "exec")

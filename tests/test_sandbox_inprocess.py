@@ -341,7 +341,7 @@ def test_no_library_forgery_passes(worker, name, code):
 
 
 def test_what_the_program_sees_of_the_harness(worker):
-    """No signal handler can be set, no frame had, no ctypes imported: the program's view, from inside."""
+    """No signal handler can be set, no frame had, no memory file opened: the program's view, from inside."""
     program = textwrap.dedent('''\
         import inspect, signal, sys
         SEEN = {"getframe": hasattr(sys, "_getframe"), "currentframe": inspect.currentframe()}
@@ -362,7 +362,8 @@ def test_what_the_program_sees_of_the_harness(worker):
     tests = "assert SEEN == {'getframe': False, 'currentframe': None, 'signal': 'refused', 'tb_frame': 'refused'}\n"
     result = run(worker, program, AssertTests(tests, "inprocess"))
     assert result.status == "pass", result.stderr
-    assert run(worker, "import ctypes\n", AssertTests("pass\n", "inprocess")).status == "error"
+    opened = run(worker, guarded("open('/proc/self/mem', 'rb')"), AssertTests("pass\n", "inprocess"))
+    assert opened.status == "fail" and "refused in the sandbox: open /proc/self/mem" in opened.stderr
 
 
 def test_check_gives_the_harness_account_as_the_reason():
