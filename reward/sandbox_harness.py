@@ -298,7 +298,8 @@ def _plan(names, test_case):
             if attr.startswith("test") and callable(fn):
                 methods[attr] = (fn, bool(getattr(fn, "__unittest_skip__", False)),
                                  bool(getattr(fn, "__unittest_expecting_failure__", False)))
-        plan.append((cls, {"class_name": name, "methods": methods, "skip": bool(getattr(cls, "__unittest_skip__", False)),
+        skip = bool(getattr(cls, "__unittest_skip__", False))
+        plan.append((cls, {"class_name": name, "methods": methods, "skip": skip,
                            "setUp": cls.setUp, "tearDown": cls.tearDown, "setUpClass": cls.setUpClass,
                            "tearDownClass": cls.tearDownClass, "doClassCleanups": cls.doClassCleanups}))
     return plan
@@ -394,16 +395,15 @@ def run_inprocess(job, host, namespace, install_signal_filter, runtime):
         if unittest_kind:
             exec(tests, tests_globals)  # the classes, before the program exists
         import unittest
-        import unittest.mock  # its classes are frozen with unittest's
-        if unittest.mock.file_spec is None:
-            unittest.mock.mock_open()  # sets the module global `file_spec` now, not in the tests' first call
+        import unittest.mock  # noqa: F401  (its classes are frozen with unittest's)
         defined = {k: v for k, v in tests_names.items() if k not in real_builtins or v is not real_builtins[k]}
         plan = _plan(defined, unittest.TestCase) if unittest_kind else []
         noop = lambda: None  # noqa: E731
         patched_paths, patched_names = patch_targets(job["tests"])
         private.update(plan=plan, skip_exception=unittest.SkipTest, patched_paths=patched_paths,
                        patched_names=patched_names, testcase_init=unittest.TestCase.__init__,
-                       set_up_module=defined.get("setUpModule", noop), tear_down_module=defined.get("tearDownModule", noop),
+                       set_up_module=defined.get("setUpModule", noop),
+                       tear_down_module=defined.get("tearDownModule", noop),
                        flag_cells={id(c): _flag_cell(c) for c in _classes_to_freeze(plan)})
         for cls in _classes_to_freeze(plan):
             private["freeze"](cls)
