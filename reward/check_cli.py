@@ -157,7 +157,8 @@ def _run_chunk(fleet: Fleet, records: list[dict], jobs: list[Job | None], quiet:
     results = fleet.run([jobs[i] for i in runnable], progress=False if quiet else "check")
     for i, result in zip(runnable, results):
         records[i].update(passed=result.passed, status=result.status,
-                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests), jobs[i].mode == "inprocess"),
+                          reason=failure_reason(result, isinstance(jobs[i].tests, IOTests),
+                                                jobs[i].mode == "inprocess"),
                           duration_s=round(result.duration_s, 4))
     for record, job in zip(records, jobs):
         if job is None:

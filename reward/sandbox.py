@@ -19,10 +19,11 @@ root, a dedicated unprivileged uid each):
 
 `io` runs are scripts whose stdout lands in a memfd that this process compares
 as a bounded stream. This process never blocks on a socket a program holds: it
-waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more than plain data (`AssertTests.mode ==
-"inprocess"`, and `UnittestTests`) run program and tests in one process under a harness set up before
-the program loads (`reward/sandbox_harness.py`); the host accepts only its verdict, which carries a
-token sent with the job, and only if it names every test the source defines.
+waits on the run's deadline (`reward/sandbox_streams.py`). Tasks whose tests need more
+than plain data (`AssertTests.mode == "inprocess"`, and `UnittestTests`) run program and
+tests in one process under a harness set up before the program loads
+(`reward/sandbox_harness.py`); the host accepts only its verdict, which carries a token
+sent with the job, and only if it names every test the source defines.
 
 Where bubblewrap or user namespaces are unavailable, `isolation="rlimits"` runs
 the same servers without namespaces and warns loudly: use it only on programs
@@ -734,7 +735,8 @@ def _harness_verdict(out: _Outcome, token: str, expected: list[str] | None) -> t
         return "error", f"the tests that ran differ from those the source defines ({len(tests)} ran)"
     if failing:
         worst = "fail" if any(s == "fail" for s in statuses.values()) else "error"
-        return worst, f"{len(tests) - len(failing)} of {len(tests)} tests passed; not passed: " + ", ".join(failing[:10])
+        passed = len(tests) - len(failing)
+        return worst, f"{passed} of {len(tests)} tests passed; not passed: " + ", ".join(failing[:10])
     if expected and all(s == "skip" for s in statuses.values()):
         return "fail", "every test was skipped"
     return "pass", f"{len(tests)} tests passed"

@@ -357,7 +357,8 @@ def protected_intact():
     allowed: what the tests' source names as a patch target (`patch("numpy.random.normal")`,
     `patch.object(x, "name")`).
     """
-    get, absent, items, paths, names, shadows = dict_get, missing, dict_items, patched_paths, patched_names, builtin_names
+    get, absent, items = dict_get, missing, dict_items  # locals: sealed code looks each global up in a dict
+    paths, names, shadows = patched_paths, patched_names, builtin_names
     for name, module_dict, snapshot, keys in snapshots:
         for key, value in items(snapshot):
             if get(module_dict, key, absent) is not value and key not in names \

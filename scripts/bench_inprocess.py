@@ -17,7 +17,8 @@ from reward.sandbox import Job, Limits, SandboxWorker, resolve_isolation
 from reward.schema import AssertTests, UnittestTests
 
 PROGRAM = "def add(a, b):\n    return a + b\n"
-UNITTEST = "import unittest\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(1, 2), 3)\n"
+UNITTEST = ("import unittest\n\nclass T(unittest.TestCase):\n    def test_add(self):\n"
+            "        self.assertEqual(add(1, 2), 3)\n")
 
 
 def median_ms(worker: SandboxWorker, job: Job, runs: int) -> float:
