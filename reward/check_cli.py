@@ -6,11 +6,13 @@ when any task fails that check. With --predictions, each prediction's program
 (its `code`, or the program extracted from its `response`) runs against its
 task's tests. One JSON object per run goes to --out (or stdout):
 task_id, target (solution, buggy or prediction), mode (how the tests ran:
-proxy, inprocess or io; see docs/sandbox.md), passed, status, reason,
-duration_s. `reason` says why a run did not pass (the exception, "timeout",
-"no closed code block", why the judge could not verify it, ...) and is null
-for a pass; the statuses are described in README.md and docs/reward.md. The
-summary line counts the `unverifiable` runs, and a task with one is not verified.
+proxy, inprocess or io), mode_reason (why that mode: what the tests need, or
+"set in the task file"; `reward/modes.py`, docs/sandbox.md), passed, status,
+reason, duration_s. `reason` says why a run did not pass (the exception,
+"timeout", "no closed code block", why the judge could not verify it, ...) and
+is null for a pass; the statuses are described in README.md and docs/reward.md.
+The summary counts the tasks per mode and the `unverifiable` runs, and a task
+with one is not verified.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from reward.cli_args import (SANDBOX_ENV_HELP, first_tasks, megabytes, output_fi
                              seconds, user_path)
 from reward.extract import missing_program_reason
 from reward.fleet import Fleet
+from reward.modes import choose_mode
 from reward.sandbox import Job, Limits, RunResult, limits_for
 from reward.outfile import OutputError, ResultsFile, digest, input_clash, interrupted, json_line
 from reward.schema import IOTests, Prediction, SchemaError, Task, load_predictions, load_tasks
@@ -65,14 +68,14 @@ def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, default: 
         for task in tasks:
             targets = [("solution", task.solution)] + ([] if task.is_clean else [("buggy", task.buggy_code)])
             for target, program in targets:
-                records.append({"task_id": task.task_id, "target": target, "mode": _mode(task)})
+                records.append({"task_id": task.task_id, "target": target, **_mode(task)})
                 jobs.append(Job(program, task.tests, limits[task.task_id]))
         return records, jobs
     by_id = {t.task_id: t for t in tasks}
     for pred in predictions:
         task = by_id[pred.task_id]
         program = program_of(pred, think_opened)
-        record = {"task_id": pred.task_id, "target": "prediction", "mode": _mode(task)}
+        record = {"task_id": pred.task_id, "target": "prediction", **_mode(task)}
         if program is None:
             opened = think_opened if pred.think_opened is None else pred.think_opened
             record["reason"] = missing_program_reason(pred.response or "", opened)
@@ -81,8 +84,9 @@ def plan_runs(tasks: list[Task], predictions: list[Prediction] | None, default: 
     return records, jobs
 
 
-def _mode(task: Task) -> str:
-    return Job("", task.tests).mode
+def _mode(task: Task) -> dict[str, str]:
+    mode, reason = choose_mode(task.tests)
+    return {"mode": mode, "mode_reason": reason}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,12 +165,17 @@ def _run_chunk(fleet: Fleet, records: list[dict], jobs: list[Job | None], quiet:
             record.update(passed=False, status="invalid", reason=record.pop("reason"), duration_s=0.0)
 
 
+LOAD_FAILURE = "ERROR: the program did not load"  # the inprocess harness's line, with the exception
+
+
 def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str | None:
     """Why a run did not pass, from its status and the stderr excerpt; None for a pass.
 
     An error shows the last exception line of the run's traceback ("NameError: name 'y' is not
     defined"); a run that raised nothing says what happened instead (exited before the tests
-    finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass).
+    finished, wrong output, ...); an `inprocess` run, the harness's account (which tests did not pass,
+    or why the program did not load: "the program did not load (line 1): ModuleNotFoundError: ...", or
+    what the harness refused: "refused in the sandbox: import ctypes").
     """
     if result.status == "pass":
         return None
@@ -183,7 +192,11 @@ def failure_reason(result: RunResult, io: bool, inprocess: bool = False) -> str 
         return exception
     _, marker, detail = result.stderr.rpartition("[tests] ")
     if inprocess and marker and detail.strip():
-        return detail.strip().splitlines()[0][:200]
+        lines = result.stderr.splitlines()
+        load = next((line.removeprefix("ERROR: ") for line in lines if line.startswith(LOAD_FAILURE)), None)
+        refused = next((line.replace("REFUSED:", "refused in the sandbox:", 1) for line in lines
+                        if line.startswith("REFUSED: ")), None)
+        return (load or refused or detail.strip().splitlines()[0])[:200]
     if result.stderr.rstrip().endswith("more bytes]"):
         return f"{result.status} (its exception, if any, lies past the stderr excerpt)"
     if io:
@@ -202,6 +215,9 @@ def last_exception(stderr: str, limit: int = 200) -> str | None:
 
 def _summarize(records: list[dict], verifying: bool) -> int:
     """Print the summary line; in verification mode return 1 if any task failed it."""
+    modes = Counter({r["task_id"]: r["mode"] for r in records}.values())
+    print("tasks per mode: " + ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
+          + " (each row's mode_reason says why)", file=sys.stderr)
     statuses = Counter(r["status"] for r in records)
     detail = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != UNVERIFIABLE)
     unverifiable = f"unverifiable {statuses[UNVERIFIABLE]} (the judge could not verify them)"

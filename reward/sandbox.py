@@ -64,6 +64,7 @@ from typing import Literal
 
 from reward import sandbox_direct
 from reward.cgroups import RunCgroup
+from reward.modes import mode_of
 from reward.sandbox_codec import MAX_BYTES, CodecError, frame, send_frame
 from reward.sandbox_streams import FrameReader, fd_chunks, output_matches
 from reward.sandbox_harness import expected_tests
@@ -158,14 +159,25 @@ class Job:
 
     def key(self) -> str:
         """Content address of the run (with the sandbox's own code): identical keys give identical verdicts."""
-        parts = [self.program, tests_to_json(self.tests), self.limits.to_json(), SANDBOX_DIGEST]
+        parts = [self.program, tests_to_json(_resolved(self.tests)), self.limits.to_json(), SANDBOX_DIGEST]
         blob = json.dumps(parts, sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @property
     def mode(self) -> str:
-        """How the tests run: `proxy` or `inprocess` (assert tests), `inprocess` (unittest tests), or `io`."""
-        return "io" if isinstance(self.tests, IOTests) else self.tests.mode
+        """How the tests run: `proxy` or `inprocess` (assert and unittest tests), or `io` (`reward.modes`)."""
+        return mode_of(self.tests)
+
+
+def _resolved(tests: Tests) -> Tests:
+    """Assert tests with their chosen mode written out: a run's key says how it ran.
+
+    Tests whose mode resolves to `proxy` keep the JSON (and the run keys) they had
+    when `proxy` was the default.
+    """
+    if isinstance(tests, AssertTests) and tests.mode is None and mode_of(tests) == "inprocess":
+        return AssertTests(tests.code, "inprocess")
+    return tests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,8 +262,8 @@ def preload_for(jobs: Iterable[Job], allowed: tuple[str, ...]) -> tuple[tuple[st
     program, tests = set(), set()
     for job in jobs:
         program |= imported_packages(job.program)
-        if isinstance(job.tests, AssertTests):
-            (program if job.tests.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
+        if not isinstance(job.tests, IOTests):
+            (program if job.mode == "inprocess" else tests).update(imported_packages(job.tests.code))
     return tuple(tuple(m for m in allowed if m.split(".")[0] in side) for side in (program, tests))
 
 
@@ -895,7 +907,7 @@ class SandboxWorker:
                 if status != "pass":
                     break
             return RunResult(status == "pass", status, total, out.stdout, out.stderr)
-        mode = job.tests.mode
+        mode = job.mode
         out = self._one(job, message, "")
         if mode == "proxy":
             ok = out.exited and out.judge is not None and out.judge.get("outcome") == "pass"

@@ -34,16 +34,24 @@ TEST_MODES = ("proxy", "inprocess")
 class AssertTests:
     """Test code run against the program's top-level names.
 
-    `mode` says how (docs/sandbox.md): `proxy` (the default) runs the tests in a
-    separate trusted process where the program's names are proxies that pass
-    plain data; `inprocess` runs them in the program's process, for tests that
-    need more (methods of returned objects, callbacks), under a harness set up
-    before the program loads whose verdict resists forgery (docs/sandbox.md, "The
-    inprocess harness", says what it stops and what it does not).
+    `mode` says how (docs/sandbox.md): `proxy` runs the tests in a separate
+    trusted process where the program's names are proxies that pass plain data;
+    `inprocess` runs them in the program's process, for tests that need more
+    (patching what the program uses, files it reads, seeded generators), under a
+    harness set up before the program loads whose verdict resists forgery
+    (docs/sandbox.md, "The inprocess harness", says what it stops and what it does
+    not). None (the default) lets `reward.modes.choose_mode` decide from the code.
+    A task file that sets `proxy` for tests that need the program's process is
+    refused when it loads (`tests_from_json`): there a correct program would fail.
+    Code may still build such tests, to exercise the judge's own process.
     """
 
     code: str
-    mode: str = "proxy"
+    mode: str | None = None
+
+    def __post_init__(self):
+        if self.mode is not None and self.mode not in TEST_MODES:
+            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {self.mode!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +137,7 @@ def tests_to_json(tests: Tests) -> dict[str, Any]:
     """The JSON object form of a test spec."""
     if isinstance(tests, AssertTests):
         obj = {"kind": "assert", "code": tests.code}
-        if tests.mode != "proxy":
+        if tests.mode is not None:
             obj["mode"] = tests.mode
         return obj
     if isinstance(tests, UnittestTests):
@@ -146,10 +154,13 @@ def tests_from_json(obj: Any) -> Tests:
         code = obj.get("code")
         if not isinstance(code, str):
             raise ValueError("field 'tests.code' must be a string")
-        mode = obj.get("mode", "proxy")
-        if mode not in TEST_MODES:
-            raise ValueError(f"field 'tests.mode' must be one of {', '.join(TEST_MODES)}, got {mode!r}")
-        return AssertTests(code, mode)
+        tests = AssertTests(code, obj.get("mode"))
+        if tests.mode == "proxy":
+            from reward.modes import proxy_refusal  # reward.modes imports this module
+            refusal = proxy_refusal(code)
+            if refusal:
+                raise ValueError(refusal)
+        return tests
     if kind == "unittest":
         code = obj.get("code")
         if not isinstance(code, str):

@@ -34,7 +34,7 @@ def test_bundled_task_set_verifies(tmp_path):
     tasks = load_tasks(EXAMPLES / "tasks.jsonl")
     assert len(rows) == 2 * len(tasks) - sum(t.is_clean for t in tasks)
     for row in rows:
-        assert set(row) == {"task_id", "target", "mode", "passed", "status", "reason", "duration_s"}
+        assert set(row) == {"task_id", "target", "mode", "mode_reason", "passed", "status", "reason", "duration_s"}
         assert row["passed"] == (row["target"] == "solution")
         assert (row["reason"] is None) == row["passed"]
     assert "4/4 verified" in proc.stderr

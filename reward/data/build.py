@@ -7,13 +7,17 @@ Phases, each one batch of sandbox runs:
    reference's definition of it first (`reward.trusted_helpers`), so a program
    cannot pass by replacing the helper; `manifest["problems_trusted_helpers"]`
    lists them.
-1. solutions: every reference program runs with its `assert` tests in `proxy`
-   mode (docs/sandbox.md: the tests run apart from the program, which they see
-   only through plain-data proxies). One that fails there but passes with
-   `inprocess` tests keeps those (its tests need more than plain data) and is
-   marked `meta["tests_mode"] = "inprocess"`; its tasks stay out of `train`
-   unless `BuildConfig.train_inprocess` is set, because an `inprocess` verdict
-   can be forged by the program. A problem that fails both ways is dropped.
+1. solutions: every reference program runs with its tests in the mode
+   `reward.modes.choose_mode` gives them: `proxy` for `assert` tests on plain
+   data (docs/sandbox.md: the tests run apart from the program, which they see
+   only through plain-data proxies), `inprocess` for tests that need the
+   program's process (mock, files, seeds, ...; every `unittest` test). One that
+   fails in `proxy` mode but passes with `inprocess` tests keeps those (its tests
+   need more than plain data). `meta["tests_mode"]` and `meta["tests_mode_reason"]`
+   say which mode and why; `inprocess` tasks stay out of `train` unless
+   `BuildConfig.train_inprocess` is set, because an `inprocess` verdict can be
+   forged by the program. A problem that fails both ways is dropped, with the
+   reason (`manifest["problems_dropped_reasons"]`).
 2. single faults: every one-line mutant (`reward.data.mutations`, at most
    `max_per_operator` per operator and problem, drawn with the seed) is kept
    iff it fails its tests within 2 s without timing out, and
@@ -51,11 +55,13 @@ from typing import Any
 
 from tqdm import tqdm
 
+from reward.check_cli import failure_reason
 from reward.data.mutations import Mutant, apply_edits, block_shift_mutants, single_line_mutants
 from reward.data.sources import Problem
 from reward.diff import diff
+from reward.modes import choose_mode, mode_of
 from reward.sandbox import Job, Limits, RunResult
-from reward.schema import AssertTests, Task, write_tasks
+from reward.schema import AssertTests, IOTests, Task, Tests, write_tasks
 from reward.trusted_helpers import bind_helpers
 
 Runner = Callable[[Sequence[Job], str], list[RunResult]]
@@ -288,13 +294,22 @@ def to_task(kept: Kept, number: int) -> Task:
     spans = _spans(kept.program, p.solution)
     meta = {"source": p.source, "kind": c.kind, "faults": len(spans),
             "operators": [m.operator for m in c.parts], "categories": [m.category for m in c.parts],
-            "bug_lines": spans, "status": kept.status, "tests_mode": tests_mode(p)}
+            "bug_lines": spans, "status": kept.status, **_mode_meta(p)}
     return Task(f"{p.base_id}#b{number}", p.base_id, p.prompt, kept.program, p.solution, p.tests, meta=meta)
 
 
 def tests_mode(problem: Problem) -> str:
-    """How the problem's tests run: proxy or inprocess (assert tests), or io."""
-    return Job("", problem.tests).mode
+    """How the problem's tests run: proxy or inprocess (assert and unittest tests), or io."""
+    return mode_of(problem.tests)
+
+
+def mode_reason(problem: Problem) -> str:
+    """Why the problem's tests run in their mode (the builder's own finding, else `choose_mode`'s)."""
+    return problem.mode_reason or choose_mode(problem.tests)[1]
+
+
+def _mode_meta(problem: Problem) -> dict[str, str]:
+    return {"tests_mode": tests_mode(problem), "tests_mode_reason": mode_reason(problem)}
 
 
 def bind_trusted_helpers(problems: Sequence[Problem]) -> tuple[list[Problem], dict[str, list[str]]]:
@@ -311,29 +326,41 @@ def bind_trusted_helpers(problems: Sequence[Problem]) -> tuple[list[Problem], di
     return out, found
 
 
-def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Problem], list[str]]:
-    """Problems whose solution passes (in proxy mode, else in inprocess mode, then so marked) and the dropped ids."""
+def run_reason(result: RunResult, tests: Tests) -> str | None:
+    """Why a run of these tests did not pass (`check`'s `reason`), None for a pass."""
+    return failure_reason(result, isinstance(tests, IOTests), mode_of(tests) == "inprocess")
+
+
+def solution_phase(problems: Sequence[Problem], run: Runner) -> tuple[list[Problem], dict[str, str]]:
+    """Problems whose solution passes, and the dropped ones: base_id -> why their solution fails.
+
+    A solution that fails in `proxy` mode runs again `inprocess`; passing there, its
+    problem keeps `inprocess` tests and says why in `mode_reason`.
+    """
     results = run([Job(p.solution, p.tests, SOLUTION_LIMITS) for p in problems], "solutions")
     retry = [i for i, (p, r) in enumerate(zip(problems, results))
-             if not r.passed and isinstance(p.tests, AssertTests) and p.tests.mode == "proxy"]
-    marked = {i: dataclasses.replace(problems[i], tests=AssertTests(problems[i].tests.code, "inprocess"))
+             if not r.passed and isinstance(p.tests, AssertTests) and mode_of(p.tests) == "proxy"]
+    marked = {i: dataclasses.replace(problems[i], tests=AssertTests(problems[i].tests.code, "inprocess"),
+                                     mode_reason="its solution fails in proxy mode ("
+                                                 f"{run_reason(results[i], problems[i].tests)}) and passes inprocess")
               for i in retry}
     second = dict(zip(retry, run([Job(marked[i].solution, marked[i].tests, SOLUTION_LIMITS) for i in retry],
                                  "solutions (inprocess)"))) if retry else {}
-    good, dropped = [], []
+    good, dropped = [], {}
     for i, (p, r) in enumerate(zip(problems, results)):
         if r.passed:
             good.append(p)
         elif i in second and second[i].passed:
             good.append(marked[i])
         else:
-            dropped.append(p.base_id)
+            last = second.get(i, r)
+            dropped[p.base_id] = f"{last.status}: {run_reason(last, marked[i].tests if i in second else p.tests)}"
     return good, dropped
 
 
 def clean_task(problem: Problem, split: str) -> Task:
     """A correct program shown as is (buggy_code == solution), for GT Debug."""
-    meta = {"source": problem.source, "kind": "clean", "faults": 0, "split": split, "tests_mode": tests_mode(problem)}
+    meta = {"source": problem.source, "kind": "clean", "faults": 0, "split": split, **_mode_meta(problem)}
     return Task(f"{problem.base_id}#clean", problem.base_id, problem.prompt, problem.solution,
                 problem.solution, problem.tests, meta=meta)
 
@@ -416,8 +443,11 @@ def build(problems: Sequence[Problem], run: Runner, cfg: BuildConfig = BuildConf
         "config": dataclasses.asdict(cfg),
         "screen_timeout_s": SCREEN_LIMITS.timeout_s,
         "problems": dict(sorted(collections.Counter(p.source for p in problems).items())),
-        "problems_dropped": dropped,
+        "problems_dropped": list(dropped),
+        "problems_dropped_reasons": dropped,
         "problems_inprocess": [p.base_id for p in good if tests_mode(p) == "inprocess"],
+        "problems_per_mode": dict(sorted(collections.Counter(tests_mode(p) for p in good).items())),
+        "problems_mode_reasons": {p.base_id: mode_reason(p) for p in good if tests_mode(p) != "proxy"},
         "problems_trusted_helpers": helpers,
         "train_inprocess_excluded": held_out,
         "base_problems": {s: sum(1 for p in good if splits[p.base_id] == s) for s in (*SPLITS, GT_DEBUG)},

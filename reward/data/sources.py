@@ -38,6 +38,8 @@ class Problem:
         solution: the correct program.
         tests: its unit tests.
         frozen_lines: lines before this 0-based index must not change.
+        mode_reason: why the tests run in their mode, when the builder chose it from a
+            run rather than `reward.modes.choose_mode` from the code.
     """
 
     base_id: str
@@ -46,6 +48,7 @@ class Problem:
     solution: str
     tests: Tests
     frozen_lines: int = 0
+    mode_reason: str | None = None
 
 
 class SourceError(ValueError):
