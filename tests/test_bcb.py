@@ -98,7 +98,7 @@ def imported(tmp_path_factory) -> Path:
     """The fixture set through `data import-bcb`, every kept task in a split file (train included)."""
     out = tmp_path_factory.mktemp("bcb") / "out"
     assert cli_main(["data", "import-bcb", "--input", str(FIXTURE), "--out", str(out), "--workers", "2",
-                     "--no-progress", "--train-inprocess", "--max-per-operator", "2"]) == 0
+                     "--no-progress", "--max-per-operator", "2"]) == 0
     return out
 
 

@@ -287,9 +287,9 @@ def test_full_humaneval_build_meets_the_scale_targets(tmp_path, run):
     assert result.manifest["problems_dropped"] == []
 
 
-def test_tests_needing_more_than_plain_data_are_marked_and_kept_out_of_train(run):
+def test_tests_needing_more_than_plain_data_are_marked_and_trained_unless_kept_out(run):
     """A problem whose tests pass a module to the program (never lent to it: unverifiable in `proxy` mode) runs
-    `inprocess`, marked, and not in train."""
+    `inprocess`, marked; its tasks train like proxy ones, or stay out of train with `train_inprocess=False`."""
     boxed = Problem("T/box", "toy", "A box holding twice its value.", textwrap.dedent("""\
         class Box:
             def __init__(self, v):
@@ -299,12 +299,12 @@ def test_tests_needing_more_than_plain_data_are_marked_and_kept_out_of_train(run
         def make(v):
             return Box(v)
         """), AssertTests("import math\nassert make(8).apply(math, 'sqrt') == 4\nassert make(0).apply(math, 'exp') == 1\n"))
-    result = build([boxed, LOOP], run, BuildConfig(val_fraction=0.0))
+    result = build([boxed, LOOP], run, BuildConfig(val_fraction=0.0, train_inprocess=False))
     assert result.manifest["problems_inprocess"] == ["T/box"]
     assert result.manifest["problems_dropped"] == []
     assert all(t.meta["tests_mode"] == "proxy" for t in result.files["train"])
     assert any(t.base_id == "T/loop" for t in result.files["train"])
     excluded = result.manifest["train_inprocess_excluded"]
     assert excluded and all(i.startswith("T/box#") for i in excluded)
-    kept = build([boxed], run, BuildConfig(val_fraction=0.0, train_inprocess=True)).files["train"]
+    kept = build([boxed], run, BuildConfig(val_fraction=0.0)).files["train"]
     assert kept and all(not t.forgeable and t.meta["tests_mode"] == "inprocess" for t in kept)

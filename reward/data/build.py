@@ -14,9 +14,9 @@ Phases, each one batch of sandbox runs:
    program's process (mock, files, seeds, ...; every `unittest` test). One that
    fails in `proxy` mode but passes with `inprocess` tests keeps those (its tests
    need more than plain data). `meta["tests_mode"]` and `meta["tests_mode_reason"]`
-   say which mode and why; `inprocess` tasks stay out of `train` unless
-   `BuildConfig.train_inprocess` is set, because an `inprocess` verdict can be
-   forged by the program. A problem that fails both ways is dropped, with the
+   say which mode and why; `inprocess` tasks go to `train` like `proxy` ones
+   (their verdict is the harness's, docs/sandbox.md "The inprocess harness")
+   unless `BuildConfig.train_inprocess` is unset. A problem that fails both ways is dropped, with the
    reason (`manifest["problems_dropped_reasons"]`).
 2. single faults: every one-line mutant (`reward.data.mutations`, at most
    `max_per_operator` per operator and problem, drawn with the seed) is kept
@@ -90,7 +90,7 @@ class BuildConfig:
         gt_debug_fraction: share of each source's base problems held out for GT Debug alone.
         gt_debug_from_val_test: the old layout: no problems held out for GT Debug, which is
             made from the val and test problems instead (`gt_debug_fraction` is then unused).
-        train_inprocess: also put tasks whose tests run `inprocess` (forgeable verdicts) in train.
+        train_inprocess: put tasks whose tests run `inprocess` in train (False keeps them out).
     """
 
     seed: int = 0
@@ -100,7 +100,7 @@ class BuildConfig:
     val_fraction: float = 0.1
     gt_debug_fraction: float = 0.1
     gt_debug_from_val_test: bool = False
-    train_inprocess: bool = False
+    train_inprocess: bool = True
 
     def __post_init__(self):
         for name in ("max_per_operator", "multi_per_k", "multi_line_per_problem"):

@@ -62,8 +62,9 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of each source's problems held out for GT Debug alone (default: 0.1)")
     parser.add_argument("--gt-debug-from-val-test", action="store_true",
                         help="the old layout: GT Debug from the val and test problems (overlapping test), none held out")
-    parser.add_argument("--train-inprocess", action="store_true",
-                        help="also put tasks whose tests need in-process mode (forgeable verdicts) in train.jsonl")
+    parser.add_argument("--train-inprocess", action=argparse.BooleanOptionalAction, default=True,
+                        help="put tasks whose tests run inprocess (under the harness: docs/sandbox.md) in "
+                             "train.jsonl like proxy tasks (default: yes; --no-train-inprocess keeps them out)")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     parser.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
