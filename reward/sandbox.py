@@ -202,7 +202,7 @@ class RunResult:
 
 
 # Modules the servers import before they fork (those the environment has): runs share them.
-DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
+DEFAULT_PRELOAD = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot", "sympy")
 # Set in the sandboxes before anything is preloaded: one thread per library (a server must stay
 # single-threaded to fork and enter namespaces, and idle thread stacks would eat the address-space
 # limit), matplotlib without a display, its caches in the sandbox's own /tmp.
