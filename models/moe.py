@@ -2,8 +2,17 @@
 
 Routing is transformers' `Qwen3MoeTopKRouter`: softmax over all experts in
 float32, the top k probabilities (optionally renormalized to sum to 1), cast
-back to the compute dtype. Ties go to the lower expert index, as
-`jax.lax.top_k` and torch's CPU `topk` both break them.
+back to the compute dtype.
+
+Ties go to the lower expert index (`jax.lax.top_k`'s rule). torch's `topk`
+promises no order among equal values, and its CPU kernel does not pick the
+lower index (`topk([.3, .3, .3, .1], 2)` gives experts 2 and 0), nor does it
+agree with its CUDA kernel. So a tie at the k-th place between two
+different experts with nonzero probability is resolved by each framework in
+its own way; every other tie (inside the top k, or among probabilities that
+underflowed to 0, so weight 0) gives the same output on both sides, and
+`tests/test_qwen3_moe.py` checks that. Our sampler and trainer share this
+rule, so a rollout and its update always agree.
 
 The experts are dropless: every (token, choice) pair is sorted by expert and
 the experts run as one grouped matmul (`jax.lax.ragged_dot`) over the sorted
