@@ -131,6 +131,9 @@ def dispatch(x: Array, experts: Array, weights: Array, gate: Array, up: Array, d
     per_shard = num_experts // n_shards
 
     def shard(x, experts, weights, gate, up, down):
+        # Mark the replicated inputs as varying over the axis, so their cotangents
+        # (each shard's part) are summed over it in the backward pass.
+        x, weights = jax.lax.pcast((x, weights), EXPERT_AXIS, to="varying")
         first = jax.lax.axis_index(EXPERT_AXIS) * per_shard
         y = expert_ffn(x, experts, weights, gate, up, down, first_expert=first, capacity=capacity)
         return jax.lax.psum(y, EXPERT_AXIS)
