@@ -39,6 +39,7 @@ FAMILIES: dict[str, str] = {
     "qwen3": "models.qwen3",
     "qwen3_5": "models.qwen3_5", "qwen3_5_text": "models.qwen3_5",
     "qwen3_moe": "models.qwen3_moe",
+    "qwen3_5_moe_text": "models.qwen3_5_moe",
 }
 
 CONFIG_NAME = "config.json"

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from models.layers import INIT_STD, Dense, Dtype
+from models.layers import INIT_STD, MLP, Dense, Dtype
 from models.sharding import current_mesh
 
 Array = jax.Array
@@ -213,3 +213,23 @@ def load_balancing_loss(router_logits: Array, experts: Array, num_experts: int, 
     frac = (chosen * m[:, None]).sum(axis=0) / (count * experts.shape[-1])
     mean_prob = (probs * m[:, None]).sum(axis=0) / count
     return num_experts * jnp.sum(frac * mean_prob)
+
+
+class SharedExpertMoE(SparseMoE):
+    """HF `Qwen3_5MoeSparseMoeBlock`: routed experts plus a shared SwiGLU expert gated per token.
+
+    `y = routed(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`; the
+    router always renormalizes its top k. Unlike `SparseMoE`, the call returns
+    `y [B, T, D]` alone (the hybrid stack does not thread routing through).
+    """
+
+    def __init__(self, dim: int, hidden: int, shared_hidden: int, num_experts: int, top_k: int, *,
+                 capacity_factor: float | None = None, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        super().__init__(dim, hidden, num_experts, top_k, norm_topk_prob=True, capacity_factor=capacity_factor, **kw)
+        self.shared_expert = MLP(dim, shared_hidden, **kw)
+        self.shared_expert_gate = Dense((dim,), (1,), ("embed", None), **kw)
+
+    def __call__(self, x: Array) -> Array:  # type: ignore[override]
+        y, _, _ = super().__call__(x)
+        return y + jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
