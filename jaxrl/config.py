@@ -56,6 +56,8 @@ class ModelConfig:
 
     Attributes:
         family: "qwen3" (dense) or "qwen3_5" (Qwen3.5/3.6 hybrid); also picks the tokenizer.
+            Their mixtures of experts are the same families (`architecture.model_type`
+            `qwen3_moe` or `qwen3_5_moe_text`).
         checkpoint: an HF safetensors directory (config.json + weights).
         architecture: an inline HF config.json dict for a randomly initialised model
             (exactly one of `checkpoint` and `architecture`); `model_type` defaults to `family`.
@@ -83,7 +85,7 @@ class ModelConfig:
             raise ValueError("give exactly one of model.checkpoint and model.architecture")
         if self.architecture is not None:
             model_type = self.architecture.get("model_type", self.family)
-            if model_type not in (self.family, f"{self.family}_text"):
+            if model_type not in (self.family, f"{self.family}_text", f"{self.family}_moe", f"{self.family}_moe_text"):
                 raise ValueError(f"model.architecture has model_type {model_type!r} but model.family is "
                                  f"{self.family!r}")
 
