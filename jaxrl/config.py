@@ -309,6 +309,11 @@ class LossConfig:
         kl_estimator: "k1" or "k3".
         temperature: sampling temperature; logits are divided by it.
         logp_chunk: positions per chunk of the log-prob computation.
+        router_aux_coef: weight of the mixture-of-experts load-balancing loss
+            (`models.moe.load_balancing_loss` over the completion tokens); MoE policies only.
+            0 (default) for RL fine-tuning: a released router is already balanced, and the
+            term pulls routing toward uniform whatever the reward says, changing the policy
+            on every token; see docs/models.md.
     """
 
     clip_low: float = 0.2
@@ -320,8 +325,11 @@ class LossConfig:
     kl_estimator: str = "k3"
     temperature: float = 1.0
     logp_chunk: int = 512
+    router_aux_coef: float = 0.0
 
     def __post_init__(self):
+        if self.router_aux_coef < 0:
+            raise ValueError(f"router_aux_coef must be >= 0, got {self.router_aux_coef}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
         if self.dual_clip is not None and self.dual_clip <= 1:

@@ -164,3 +164,46 @@ def test_routing_replay_gives_the_recorded_forward_exactly():
     assert (np.asarray(moved) != np.asarray(experts)).any()
     _, (kept, _) = model(ids, routing=experts, return_routing=True)
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(experts))
+
+
+def _rl_batch():
+    from jaxrl import train_step as ts
+
+    rng = np.random.default_rng(0)
+    mask = (np.arange(12) >= 4).astype(np.float32)[None].repeat(8, 0)
+    return ts.Batch(jnp.asarray(rng.integers(0, 128, (8, 12)), jnp.int32), jnp.asarray(mask),
+                    jnp.asarray(np.where(mask > 0, -np.log(128), 0.0), jnp.float32),
+                    jnp.asarray(rng.standard_normal((8, 1)), jnp.float32))
+
+
+def _rl_step(mesh, aux_coef):
+    from jaxrl import train_step as ts
+    from jaxrl.config import LossConfig
+
+    batch = _rl_batch()
+    step_cfg = ts.TrainStepConfig(loss=LossConfig(router_aux_coef=aux_coef))
+    tx = ts.make_optimizer(step_cfg.optimizer)
+    state, graphdef, rest = ts.init_train_state(_tiny_model(), tx, mesh)
+    abstract = lambda x: jax.eval_shape(lambda y: y, x)  # noqa: E731
+    step = ts.jit_train_step(graphdef, rest, tx, step_cfg, mesh, abstract(state), abstract(batch))
+    new, metrics = step(state, batch)
+    return jax.tree.leaves(jax.tree.map(np.asarray, new.params)), jax.tree.map(float, metrics)
+
+
+@pytest.mark.slow  # 25-55 s: compiles two RL updates
+def test_router_aux_loss_is_off_by_default_and_adds_its_weighted_term():
+    one = sharding.make_mesh(devices=jax.devices()[:1])
+    _, plain = _rl_step(one, 0.0)
+    _, with_aux = _rl_step(one, 0.5)
+    assert "router_aux" not in plain and with_aux["router_aux"] >= 1.0  # 1.0 only when perfectly balanced
+    assert abs(with_aux["loss"] - plain["loss"] - 0.5 * with_aux["router_aux"]) <= 1e-5
+
+
+@pytest.mark.slow  # about 60 s: compiles the RL update on 1 and on 8 devices
+def test_rl_update_with_experts_split_4_ways_equals_one_device():
+    """jaxrl's sharded PPO step (with the router loss on) on fsdp 2 x expert 4 gives one device's update."""
+    want, want_m = _rl_step(sharding.make_mesh(devices=jax.devices()[:1]), 0.1)
+    got, got_m = _rl_step(sharding.make_mesh(fsdp=2, expert=4), 0.1)
+    assert abs(got_m["loss"] - want_m["loss"]) <= 1e-5 and abs(got_m["grad_norm"] - want_m["grad_norm"]) <= 1e-5
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
