@@ -392,6 +392,8 @@ class MeshConfig:
     Attributes:
         data, fsdp, tensor: mesh sizes over all devices of all hosts; one may be -1
             (the rest of the devices).
+        expert: the `expert` axis (mixture-of-experts policies): splits the routed
+            experts, and the batch like `data` elsewhere; 1 (default) for dense models.
         rules: logical axis → mesh axes, merged over `models.sharding.RULES`
             (`{embed: fsdp, mlp: [tensor], seq: null}`).
         strict: refuse (instead of warning) when a mesh axis does not divide the
@@ -403,14 +405,17 @@ class MeshConfig:
     tensor: int = 1
     rules: Mapping[str, tuple[str, ...] | str | None] = dataclasses.field(default_factory=dict)
     strict: bool = False
+    expert: int = 1
 
     def __post_init__(self):
+        if self.expert < 1:
+            raise ValueError(f"mesh.expert must be >= 1, got {self.expert}")
         sizes = (self.data, self.fsdp, self.tensor)
         if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
             raise ValueError(f"mesh sizes must be positive with at most one -1, got {sizes}")
         for name, axes in self.rules.items():
             axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-            bad = set(axes) - {"data", "fsdp", "tensor"}
+            bad = set(axes) - {"data", "fsdp", "expert", "tensor"}
             if bad:
                 raise ValueError(f"mesh.rules.{name} names unknown mesh axes {sorted(bad)}")
 
