@@ -455,7 +455,8 @@ def _print_table(out: dict[str, Any]) -> None:
         ("target", f"{hw['chips']} x {hw['accelerator']} ({hw['topology'] or 'GPU node'}), {hw['hosts']} host(s), "
                    f"mesh {out['mesh']}"),
         ("method", out["method"]),
-        ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params ({m['active_params'] / 1e9:.2f}B active), compute {m['dtype']}, params {m['param_dtype']}, "
+        ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params ({m['active_params'] / 1e9:.2f}B active), "
+                  f"compute {m['dtype']}, params {m['param_dtype']}, "
                   f"attention {m['attention']}, remat {m['remat']}"),
         ("rows", f"agent episodes of rollout.agent.max_context = {b['seq']} tokens ({b['agent']['turns']} turns of "
                  f"{out['rollout_tokens']}), not prompt + completion" if b["agent"] else
