@@ -57,6 +57,8 @@ class ModelConfig:
 
     Attributes:
         family: "qwen3" (dense) or "qwen3_5" (Qwen3.5/3.6 hybrid); also picks the tokenizer.
+            Their mixtures of experts are the same families (`architecture.model_type`
+            `qwen3_moe` or `qwen3_5_moe_text`).
         checkpoint: an HF safetensors directory (config.json + weights).
         architecture: an inline HF config.json dict for a randomly initialised model
             (exactly one of `checkpoint` and `architecture`); `model_type` defaults to `family`.
@@ -84,7 +86,7 @@ class ModelConfig:
             raise ValueError("give exactly one of model.checkpoint and model.architecture")
         if self.architecture is not None:
             model_type = self.architecture.get("model_type", self.family)
-            if model_type not in (self.family, f"{self.family}_text"):
+            if model_type not in (self.family, f"{self.family}_text", f"{self.family}_moe", f"{self.family}_moe_text"):
                 raise ValueError(f"model.architecture has model_type {model_type!r} but model.family is "
                                  f"{self.family!r}")
 
@@ -314,6 +316,11 @@ class LossConfig:
         kl_estimator: "k1" or "k3".
         temperature: sampling temperature; logits are divided by it.
         logp_chunk: positions per chunk of the log-prob computation.
+        router_aux_coef: weight of the mixture-of-experts load-balancing loss
+            (`models.moe.load_balancing_loss` over the completion tokens); MoE policies only.
+            0 (default) for RL fine-tuning: a released router is already balanced, and the
+            term pulls routing toward uniform whatever the reward says, changing the policy
+            on every token; see docs/models.md.
     """
 
     clip_low: float = 0.2
@@ -325,8 +332,11 @@ class LossConfig:
     kl_estimator: str = "k3"
     temperature: float = 1.0
     logp_chunk: int = 512
+    router_aux_coef: float = 0.0
 
     def __post_init__(self):
+        if self.router_aux_coef < 0:
+            raise ValueError(f"router_aux_coef must be >= 0, got {self.router_aux_coef}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
         if self.dual_clip is not None and self.dual_clip <= 1:
@@ -389,6 +399,8 @@ class MeshConfig:
     Attributes:
         data, fsdp, tensor: mesh sizes over all devices of all hosts; one may be -1
             (the rest of the devices).
+        expert: the `expert` axis (mixture-of-experts policies): splits the routed
+            experts, and the batch like `data` elsewhere; 1 (default) for dense models.
         rules: logical axis → mesh axes, merged over `models.sharding.RULES`
             (`{embed: fsdp, mlp: [tensor], seq: null}`).
         strict: refuse (instead of warning) when a mesh axis does not divide the
@@ -400,14 +412,17 @@ class MeshConfig:
     tensor: int = 1
     rules: Mapping[str, tuple[str, ...] | str | None] = dataclasses.field(default_factory=dict)
     strict: bool = False
+    expert: int = 1
 
     def __post_init__(self):
+        if self.expert < 1:
+            raise ValueError(f"mesh.expert must be >= 1, got {self.expert}")
         sizes = (self.data, self.fsdp, self.tensor)
         if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
             raise ValueError(f"mesh sizes must be positive with at most one -1, got {sizes}")
         for name, axes in self.rules.items():
             axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-            bad = set(axes) - {"data", "fsdp", "tensor"}
+            bad = set(axes) - {"data", "fsdp", "expert", "tensor"}
             if bad:
                 raise ValueError(f"mesh.rules.{name} names unknown mesh axes {sorted(bad)}")
 

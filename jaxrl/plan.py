@@ -169,16 +169,42 @@ def _with_shardings(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+def _mlp_flops(arch, layer: int) -> float:
+    """Forward FLOPs per token of layer `layer`'s feed-forward: only the experts a token is routed to count."""
+    d = arch.hidden_size
+    if not hasattr(arch, "num_experts"):
+        return 2 * 3 * d * arch.intermediate_size
+    if hasattr(arch, "is_sparse") and not arch.is_sparse(layer):
+        return 2 * 3 * d * arch.intermediate_size
+    routed = 2 * d * arch.num_experts + arch.num_experts_per_tok * 2 * 3 * d * arch.moe_intermediate_size
+    shared = getattr(arch, "shared_expert_intermediate_size", 0)
+    return routed + (2 * 3 * d * shared + 2 * d if shared else 0)
+
+
+def active_params(arch, total: int) -> int:
+    """Parameters a token uses: `total` less the routed experts it is not sent to (equal to `total` when dense)."""
+    if not hasattr(arch, "num_experts"):
+        return total
+    layers = range(arch.num_hidden_layers)
+    sparse = sum(arch.is_sparse(i) for i in layers) if hasattr(arch, "is_sparse") else len(layers)
+    idle = arch.num_experts - arch.num_experts_per_tok
+    return total - sparse * idle * 3 * arch.hidden_size * arch.moe_intermediate_size
+
+
 def model_flops_per_token(arch, seq: int) -> float:
-    """Forward FLOPs per token of the matmuls (2 per multiply-add), causal attention over `seq`."""
-    d, f, v = arch.hidden_size, arch.intermediate_size, arch.vocab_size
+    """Forward FLOPs per token of the matmuls (2 per multiply-add), causal attention over `seq`.
+
+    Mixtures of experts count the router and the k routed experts (and a shared
+    expert), not every expert: FLOPs and MFU use active parameters.
+    """
+    d, v = arch.hidden_size, arch.vocab_size
     h, n, k = arch.head_dim, arch.num_attention_heads, arch.num_key_value_heads
     gate = 2 if getattr(arch, "layer_types", None) else 1  # Qwen3.5's q_proj also emits the output gate
     attention = 2 * d * (n * h * gate + 2 * k * h) + 2 * n * h * d + 2 * 2 * n * h * seq / 2
-    mlp = 2 * 3 * d * f
     types = getattr(arch, "layer_types", None) or ("full_attention",) * arch.num_hidden_layers
     total = 0.0
-    for t in types:
+    for i, t in enumerate(types):
+        mlp = _mlp_flops(arch, i)
         if t == "full_attention":
             total += attention + mlp
         else:  # Gated DeltaNet: projections, plus ~3 Dk×Dv state products per token and head
@@ -189,27 +215,21 @@ def model_flops_per_token(arch, seq: int) -> float:
 
 
 def _architecture(cfg):
-    from models.qwen3 import Qwen3Config
-    from models.qwen3_5 import Qwen3_5Config
+    from models.checkpoint import load_config as load_hf
 
     if cfg.model.architecture is None:
-        from models.checkpoint import load_config as load_hf
-
         return load_hf(cfg.model.checkpoint)
-    arch = dict(cfg.model.architecture)
-    if cfg.model.family == "qwen3":
-        return Qwen3Config.from_hf({"model_type": "qwen3", **arch})
-    return Qwen3_5Config.from_hf({"model_type": "qwen3_5_text", **arch})
+    default = "qwen3" if cfg.model.family == "qwen3" else "qwen3_5_text"
+    return load_hf({"model_type": default, **cfg.model.architecture})
 
 
 def _model_ctor(cfg, arch):
     import jax.numpy as jnp
     from flax import nnx
 
-    from models.qwen3 import Qwen3
-    from models.qwen3_5 import Qwen3_5
+    from models.checkpoint import model_class
 
-    cls = Qwen3 if cfg.model.family == "qwen3" else Qwen3_5
+    cls = model_class(arch)
     m = cfg.model
     return lambda: cls(arch, dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), rngs=nnx.Rngs(0),
                        remat=m.remat, attention_impl=m.attention)
@@ -248,13 +268,12 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         devices = tpu_devices(hw.topology)
         if len(devices) != hw.chips:
             raise PlanError(f"hardware.topology {hw.topology} has {len(devices)} chips, hardware.chips says {hw.chips}")
-    sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.expert, cfg.mesh.tensor)  # msh.MESH_AXES order
     known = math.prod(s for s in sizes if s != -1)
     sizes = tuple(hw.chips // known if s == -1 else s for s in sizes)
     if math.prod(sizes) != hw.chips:
-        raise PlanError(f"mesh data×fsdp×tensor = {sizes} does not cover hardware.chips = {hw.chips}")
-    batch_shards = math.prod(s for name, s in zip(("data", "fsdp", "tensor"), sizes)
-                             if name in dict(rules)["batch"])
+        raise PlanError(f"mesh data×fsdp×expert×tensor = {sizes} does not cover hardware.chips = {hw.chips}")
+    batch_shards = math.prod(s for name, s in zip(msh.MESH_AXES, sizes) if name in dict(rules)["batch"])
     for what, n in (("rows per micro-batch", rows // micro), ("rollout.options.max_rows", rollout_rows)):
         if n % batch_shards:
             raise PlanError(f"{what} = {n} is not a multiple of the {batch_shards} batch shards of the mesh")
@@ -264,6 +283,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     abstract_model = nnx.eval_shape(ctor)
     graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    n_active = active_params(arch, n_params)
     step_cfg = ts.TrainStepConfig(loss=cfg.loss, optimizer=cfg.optimizer, micro_batches=micro)
     tx = ts.make_optimizer(cfg.optimizer)
     abstract_state = jax.eval_shape(lambda p: ts.TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
@@ -276,7 +296,7 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     if compiled_here:
-        mesh = msh.make_mesh(*sizes, devices=devices)
+        mesh = msh.make_mesh(**dict(zip(msh.MESH_AXES, sizes)), devices=devices)
         state_sh = ts.state_shardings(abstract_state, mesh, rules)
         step = ts.jit_train_step(graphdef, rest, tx, step_cfg, mesh, abstract_state, abstract_batch, rules)
         train = _phase(step.lower(abstract_state, abstract_batch), "train_step", timings)
@@ -318,8 +338,8 @@ def plan(cfg, *, step_time: float | None = None) -> dict[str, Any]:
         "method": method,
         "hardware": {"accelerator": hw.accelerator, "topology": hw.topology, "chips": hw.chips, "hosts": hw.hosts,
                      "hbm_bytes": hbm},
-        "mesh": dict(zip(("data", "fsdp", "tensor"), sizes)),
-        "model": {"family": cfg.model.family, "params": n_params, "dtype": cfg.model.dtype,
+        "mesh": dict(zip(msh.MESH_AXES, sizes)),
+        "model": {"family": cfg.model.family, "params": n_params, "active_params": n_active, "dtype": cfg.model.dtype,
                   "param_dtype": cfg.model.param_dtype, "attention": cfg.model.attention, "remat": cfg.model.remat},
         "batch": {"rows": rows, "seq": seq, "micro_batches": micro, "rollout_rows": rollout_rows,
                   "prefill_rows": prefill_rows, "prompt_tokens": prompt_tokens,
@@ -365,13 +385,15 @@ def _estimate(cfg, arch, abstract_model, rows, seq, prompt_tokens, micro, rollou
     mesh = jax.sharding.AbstractMesh(sizes, msh.MESH_AXES)
     param_bytes = msh.bytes_per_device(nnx.state(abstract_model, nnx.Param), mesh, rules)
     opt_bytes = 2 * param_bytes  # Adam's two moments, stored like the parameters
-    batch_shards = math.prod(s for name, s in zip(("data", "fsdp", "tensor"), sizes) if name in dict(rules)["batch"])
+    batch_shards = math.prod(s for name, s in zip(msh.MESH_AXES, sizes) if name in dict(rules)["batch"])
     r = rows // micro // batch_shards  # rows per chip per micro-batch
     act = 2 if cfg.model.dtype == "bfloat16" else 4
     d, layers = arch.hidden_size, arch.num_hidden_layers
     saved = layers * r * seq * d * act if cfg.model.remat else layers * r * seq * (8 * d + 3 * arch.intermediate_size) * act
     widest = max(arch.intermediate_size, arch.num_attention_heads * arch.head_dim * 2)
     layer_work = r * seq * (6 * d + 4 * widest) * act  # one layer recomputed in the backward pass
+    if hasattr(arch, "num_experts"):  # the sorted (token, expert) rows and their expert activations
+        layer_work += r * seq * arch.num_experts_per_tok * (2 * d + 3 * arch.moe_intermediate_size) * act
     if cfg.model.attention == "xla":
         layer_work += 2 * r * arch.num_attention_heads * seq * seq * 4  # float32 scores and probabilities
     logits = 2 * r * cfg.loss.logp_chunk * arch.vocab_size * 4
@@ -433,7 +455,8 @@ def _print_table(out: dict[str, Any]) -> None:
         ("target", f"{hw['chips']} x {hw['accelerator']} ({hw['topology'] or 'GPU node'}), {hw['hosts']} host(s), "
                    f"mesh {out['mesh']}"),
         ("method", out["method"]),
-        ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params, compute {m['dtype']}, params {m['param_dtype']}, "
+        ("model", f"{m['family']} {m['params'] / 1e9:.2f}B params ({m['active_params'] / 1e9:.2f}B active), "
+                  f"compute {m['dtype']}, params {m['param_dtype']}, "
                   f"attention {m['attention']}, remat {m['remat']}"),
         ("rows", f"agent episodes of rollout.agent.max_context = {b['seq']} tokens ({b['agent']['turns']} turns of "
                  f"{out['rollout_tokens']}), not prompt + completion" if b["agent"] else

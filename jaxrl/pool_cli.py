@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
             raise PoolError("the config has no training tasks (data.train)")
         tokenizer = load_tokenizer(cfg.model.family)
         rules = msh.rules_from_mapping(cfg.mesh.rules)
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
         model = build_model(cfg, mesh, rules)
         engine = make_engine_for(cfg, model, tokenizer, mesh, rules)
         source = {"config": cfg.name, "checkpoint": cfg.model.checkpoint, "engine": cfg.rollout.engine}

@@ -38,7 +38,7 @@ def check(cfg: Config, resume: bool) -> algorithms.Resolved:
     _check_paths(cfg)
     _check_agent_context(cfg)
     try:
-        msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
     except ValueError as e:
         raise TrainError(f"mesh: {e}") from None
     rows = cfg.data.tasks_per_step * cfg.rollout.group_size

@@ -148,7 +148,7 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         (out / "config.yaml").write_text(to_yaml(cfg))
     with contextlib.ExitStack() as stack:
         rules = msh.rules_from_mapping(cfg.mesh.rules)
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
 
         tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer
         train_tasks, val_tasks, gt_tasks = read_train_tasks(cfg, tokenizer)

@@ -228,7 +228,7 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
     # ---- mesh, model, train state
     rules = msh.rules_from_mapping(cfg.mesh.rules)
     try:
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
     except ValueError as e:
         raise SupervisedError(f"mesh: {e}") from None
     tx = ts.make_optimizer(cfg.optimizer)

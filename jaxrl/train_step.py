@@ -36,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import losses
 from jaxrl.config import LossConfig, OptimizerConfig
+from models import moe
 from models import sharding as msh
 
 
@@ -145,7 +146,12 @@ def policy_loss(
     before position `logp_from` (where the mask must be 0) are not computed and read 0.
     """
     model = nnx.merge(graphdef, params, rest)
-    hidden_BxTxD = model(batch.tokens_BxT, segment_ids=batch.segment_ids_BxT, return_hidden=True)
+    routing = None
+    if cfg.router_aux_coef > 0:  # an MoE policy: also its routing (experts, router logits)
+        hidden_BxTxD, routing = model(batch.tokens_BxT, segment_ids=batch.segment_ids_BxT, return_hidden=True,
+                                      return_routing=True)
+    else:
+        hidden_BxTxD = model(batch.tokens_BxT, segment_ids=batch.segment_ids_BxT, return_hidden=True)
     hidden_BxTxD = msh.constrain(hidden_BxTxD, ("batch", "seq", "act_embed"))
     start = max(logp_from - 1, 0)  # the position that predicts token `logp_from`
     logp_BxT, entropy_BxT = losses.chunked_logprobs(
@@ -174,6 +180,13 @@ def policy_loss(
         kl = (weights_BxT * losses.kl_penalty(logp_BxT, ref_logp_BxT, cfg.kl_estimator)).sum()
         metrics["kl"] = kl
         loss = loss + cfg.kl_coef * kl
+    if routing is not None:
+        experts, router_logits = routing
+        aux = moe.load_balancing_loss(router_logits, experts, router_logits.shape[-1], mask_BxT[:, :, None])
+        # Computed per micro-batch, weighted by its share of the batch's completion tokens.
+        share = token_weights_BxT.sum()
+        metrics["router_aux"] = share * aux
+        loss = loss + cfg.router_aux_coef * share * aux
     metrics["loss"] = loss
     return loss, metrics
 

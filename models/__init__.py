@@ -9,7 +9,9 @@ until one of them is used):
 - `load_config(path_or_dict)`: HF config.json → the family's config dataclass.
 - `model_class(config)`: the family's model class for a config.
 - `Qwen3`, `Qwen3Config`: the dense family.
-- `make_mesh(data, fsdp, tensor)`: the `(data, fsdp, tensor)` device mesh.
+- `Qwen3Moe`, `Qwen3MoeConfig`, `Qwen3_5MoeConfig`: the mixtures of experts
+  (a `Qwen3_5MoeConfig` builds a `Qwen3_5` with routed experts).
+- `make_mesh(data, fsdp, tensor, expert=1)`: the `(data, fsdp, expert, tensor)` device mesh.
 - `Decoder`, `SamplingParams`: jitted prefill / step / generate.
 """
 
@@ -27,6 +29,8 @@ _LAZY = {
     "Qwen3": "models.qwen3",
     "Qwen3Config": "models.qwen3",
     "Qwen3_5": "models.qwen3_5", "Qwen3_5Config": "models.qwen3_5",
+    "Qwen3Moe": "models.qwen3_moe", "Qwen3MoeConfig": "models.qwen3_moe",
+    "Qwen3_5MoeConfig": "models.qwen3_5_moe",
     "make_mesh": "models.sharding",
     "Decoder": "models.decode",
     "SamplingParams": "models.decode",

@@ -38,6 +38,8 @@ from models import sharding
 FAMILIES: dict[str, str] = {
     "qwen3": "models.qwen3",
     "qwen3_5": "models.qwen3_5", "qwen3_5_text": "models.qwen3_5",
+    "qwen3_moe": "models.qwen3_moe",
+    "qwen3_5_moe_text": "models.qwen3_5_moe",
 }
 
 CONFIG_NAME = "config.json"
@@ -64,6 +66,9 @@ class Rule:
       transpose: HF stores the matrix transposed (torch Linear `[out, in]`).
       split: how our per-layer dims group into the HF dims (after transpose):
         `(1, 2)` means our `[D, N, H]` is HF's `[D, N*H]`. Default: one each.
+      experts: with `layers`, also one HF tensor per expert `{j}` in
+        `range(experts)` (MoE checkpoints store each expert separately); the
+        expert number is our next leading index after the layer's.
     """
 
     hf: str
@@ -72,6 +77,7 @@ class Rule:
     index: Callable[[int], tuple[int, ...]] | None = None
     transpose: bool = False
     split: tuple[int, ...] | None = None
+    experts: int | None = None
 
     def entries(self) -> Iterable[tuple[str, tuple[int, ...]]]:
         """`(hf_name, our_leading_index)` for every tensor this rule covers."""
@@ -79,7 +85,12 @@ class Rule:
             yield self.hf, ()
             return
         for i in self.layers:
-            yield self.hf.format(i=i), (self.index(i) if self.index else (i,))
+            at = self.index(i) if self.index else (i,)
+            if self.experts is None:
+                yield self.hf.format(i=i), at
+            else:
+                for j in range(self.experts):
+                    yield self.hf.format(i=i, j=j), (*at, j)
 
     def hf_shape(self, ours: Sequence[int]) -> tuple[int, ...]:
         """The HF tensor shape for our per-layer shape."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -414,9 +415,11 @@ def jit_when_eager(method: Callable) -> Callable:
     Outside any trace (plain arrays in), the call goes through `nnx.jit`, so a
     script's or test's `model(ids)` compiles once per shape instead of running
     op by op (a `lax.scan` would recompile on every eager call). Inside a trace
-    the method runs as written. Keyword `return_hidden` is static.
+    the method runs as written. Keywords `return_hidden` and (MoE families)
+    `return_routing` are static.
     """
-    jitted = nnx.jit(method, static_argnames=("return_hidden",))
+    params = inspect.signature(method).parameters
+    jitted = nnx.jit(method, static_argnames=tuple(n for n in ("return_hidden", "return_routing") if n in params))
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):

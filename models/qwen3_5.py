@@ -86,11 +86,13 @@ class Qwen3_5Config:
     model_type: str = "qwen3_5_text"
     hf_json: str = "{}"
 
+    MODEL_TYPES = ("qwen3_5_text", "qwen3_5")  # a subclass (models.qwen3_5_moe) names its own
+
     def __post_init__(self):
         unknown = set(self.layer_types) - {LINEAR, FULL}
         if unknown:
             raise ValueError(f"unknown layer_types {sorted(unknown)}")
-        if self.model_type not in ("qwen3_5_text", "qwen3_5"):
+        if self.model_type not in self.MODEL_TYPES:
             raise ValueError(f"model_type {self.model_type!r} is not a Qwen3.5 type")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
@@ -100,6 +102,10 @@ class Qwen3_5Config:
     @property
     def num_hidden_layers(self) -> int:
         return len(self.layer_types)
+
+    def make_mlp(self, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) -> nnx.Module:
+        """Every layer's feed-forward: a SwiGLU MLP (the MoE subclass returns routed experts)."""
+        return MLP(self.hidden_size, self.intermediate_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     @property
     def conv_dim(self) -> int:
@@ -310,7 +316,7 @@ class _Block(nnx.Module):
         nkw = dict(zero_centered=True, dtype=dtype, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **nkw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **nkw)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = cfg.make_mlp(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def _finish(self, residual: Array, mixed: Array) -> Array:
         h = residual + mixed

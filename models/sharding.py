@@ -4,7 +4,10 @@ Every parameter of our models carries logical axis names in its `axes`
 metadata (e.g. `("embed", "mlp")`); activations are constrained at block
 boundaries with `constrain(x, ("batch", "seq", "act_embed"))`. Model code never
 names a physical mesh axis: `RULES` (or a preset's own rules) maps each logical
-name to zero or more of the mesh axes `data`, `fsdp`, `tensor`.
+name to zero or more of the mesh axes `data`, `fsdp`, `expert`, `tensor`.
+
+The `expert` axis splits the routed experts of MoE models (`models.moe`) and,
+outside the experts, shards the batch like `data`; it has size 1 unless asked for.
 
 A mesh axis is dropped from a dimension it does not divide (e.g. 2 kv heads on
 a tensor axis of 4), so one set of rules serves every model size.
@@ -30,7 +33,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # Logical name -> mesh axes (a tuple; empty means replicated). Order matters
 # only within a tuple (major to minor). Parameters: embed, vocab, mlp, q_heads,
@@ -49,8 +52,11 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("group", ()),
     ("conv_in", ()),
     ("conv_kernel", ()),
+    ("expert", ("expert",)),
+    ("moe_mlp", ("tensor",)),
+    ("router", ()),
     # activations
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("seq", ()),
     ("cache_seq", ()),
     ("act_embed", ()),
@@ -63,14 +69,15 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _CTX: contextvars.ContextVar[tuple[Mesh, tuple] | None] = contextvars.ContextVar("models_sharding", default=None)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
-    """A `(data, fsdp, tensor)` mesh over `devices` (default: all).
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None, *,
+              expert: int = 1) -> Mesh:
+    """A `(data, fsdp, expert, tensor)` mesh over `devices` (default: all).
 
     One size may be -1: it takes the devices the others leave. The product
     must equal the number of devices.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [data, fsdp, tensor]
+    sizes = [data, fsdp, expert, tensor]
     if sizes.count(-1) > 1:
         raise ValueError(f"at most one mesh size may be -1, got {sizes}")
     if -1 in sizes:
@@ -80,7 +87,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
         raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
-    auto = (jax.sharding.AxisType.Auto,) * 3
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
 
 
@@ -112,7 +119,7 @@ def logical_to_spec(
             if ax in used:
                 continue
             if mesh is not None:
-                n = mesh.shape[ax]
+                n = dict(mesh.shape).get(ax, 1)
                 if n == 1:
                     continue
                 if size is not None:

@@ -1,11 +1,12 @@
-"""Benchmark our Qwen3 or Qwen3.5 against transformers' PyTorch model on this CPU, in one run.
+"""Benchmark our Qwen3, Qwen3.5 or their MoE models against transformers' PyTorch model on this CPU, in one run.
 
 Measures, on the same random model (saved by transformers, loaded by us):
 - training: forward + backward tokens/s of a next-token cross-entropy loss;
 - decoding: greedy tokens/s of our jitted decoder vs transformers' `generate`;
 - compile times of our forward for two depths (scanned layers: flat in depth).
 
-    python scripts/bench_model.py [--json] [--family qwen3|qwen3_5] [--layers 4] [--compile-depths 4,32]
+    python scripts/bench_model.py [--json] [--family qwen3|qwen3_5|qwen3_moe|qwen3_5_moe] [--layers 4]
+                                  [--compile-depths 4,32] [--experts 16 --top-k 4 --moe-mlp 192]
 
 With --json the last line is
 {"train_ratio_vs_torch": .., "decode_ratio_vs_torch": ..} (ours / theirs).
@@ -25,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3ForCausalLM
+from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from transformers import Qwen3Config as HFQwen3Config
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,15 +38,27 @@ from models.checkpoint import load_config, model_class  # noqa: E402
 
 
 # family -> (HF config class, HF model class)
-FAMILIES = {"qwen3": (HFQwen3Config, Qwen3ForCausalLM), "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM)}
+FAMILIES = {"qwen3": (HFQwen3Config, Qwen3ForCausalLM), "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+            "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+            "qwen3_5_moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM)}
 
 
 def _hf_config(a, layers: int):
-    """The HF config of the benchmarked model; Qwen3.5's DeltaNet layers reuse the attention head sizes."""
+    """The HF config of the benchmarked model; Qwen3.5's DeltaNet layers reuse the attention head sizes.
+
+    MoE families: `--experts` experts of FFN `--moe-mlp`, `--top-k` active (renormalized); Qwen3.5-MoE's
+    shared expert has FFN `--moe-mlp` too.
+    """
     kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.mlp, num_hidden_layers=layers,
               num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
               tie_word_embeddings=True)
-    if a.family == "qwen3_5":
+    if a.family.endswith("_moe"):
+        kw.update(num_experts=a.experts, num_experts_per_tok=a.top_k, moe_intermediate_size=a.moe_mlp)
+        if a.family == "qwen3_5_moe":
+            kw.update(shared_expert_intermediate_size=a.moe_mlp)
+        else:
+            kw.update(norm_topk_prob=True)
+    if a.family.startswith("qwen3_5"):
         kw.update(linear_key_head_dim=a.head_dim, linear_value_head_dim=a.head_dim,
                   linear_num_key_heads=a.kv_heads, linear_num_value_heads=a.heads, eos_token_id=None)
     else:
@@ -158,6 +172,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--experts", type=int, default=16, help="MoE families: routed experts")
+    p.add_argument("--top-k", type=int, default=4, help="MoE families: experts per token")
+    p.add_argument("--moe-mlp", type=int, default=192, help="MoE families: FFN width of each expert")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--decode-batch", type=int, default=4)
@@ -177,7 +194,8 @@ def main(argv=None) -> int:
         hf.save_pretrained(d)
         ours = models.from_pretrained(d, remat=a.remat)
 
-    print(f"config: {a.family}, vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
+    moe = f", experts {a.experts} (top {a.top_k}) of {a.moe_mlp}" if a.family.endswith("_moe") else ""
+    print(f"config: {a.family}, vocab {a.vocab}, hidden {a.hidden}, mlp {a.mlp}{moe}, layers {a.layers}, heads {a.heads}/{a.kv_heads}"
           f" x {a.head_dim}, remat {a.remat}; load average {os.getloadavg()[0]:.1f}; cpu threads {os.cpu_count()},"
           f" torch threads {torch.get_num_threads()}, jax {jax.__version__}, torch {torch.__version__}")
     ours_train, torch_train = bench_train(a, hf, ours)

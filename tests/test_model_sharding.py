@@ -18,8 +18,8 @@ CFG = Qwen3Config(128, 64, 96, 2, 4, 2, 24, 1e4, tie_word_embeddings=False)
 def test_make_mesh_sizes_and_errors():
     assert jax.device_count() == 8
     mesh = sharding.make_mesh(2, 2, 2)
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert dict(sharding.make_mesh(data=2, tensor=2).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+    assert dict(sharding.make_mesh(data=2, tensor=2).shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
     assert dict(sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]).shape)["fsdp"] == 1
     with pytest.raises(ValueError):
         sharding.make_mesh(3, -1, 1)

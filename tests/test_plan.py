@@ -85,7 +85,8 @@ def test_every_preset_parses_in_the_trainer_schema(name):
     assert (cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.thinking_budget) == (6, 1.0, 4096)
     assert cfg.rollout.max_tokens == 6144 and abs(cfg.reward.lam - 1 / 3) < 1e-12
     assert cfg.run.eval_every == cfg.run.save_every == 25
-    assert cfg.hardware is not None and cfg.model.architecture["vocab_size"] == 248320
+    vocab = 151936 if cfg.model.family == "qwen3" else 248320  # Qwen3(-MoE) or Qwen3.5/3.6 vocabulary
+    assert cfg.hardware is not None and cfg.model.architecture["vocab_size"] == vocab
     rows = cfg.data.tasks_per_step * cfg.rollout.group_size
     assert rows % cfg.run.micro_batches == 0
 
