@@ -19,7 +19,7 @@ from reward.schema import (AssertTests, IOCase, IOTests, SchemaError, Task, Unit
                            tests_from_json as parse_tests, write_tasks)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bcb_tasks.jsonl"
-# The repository's ../shared/data (CI, the main checkout), or ../../shared/data from a worktree under wt/.
+# The repository's ../shared/data (CI, the main checkout), or one level further up (a worktree beside it).
 SHARED_BCB = next((p for p in (Path(__file__).resolve().parents[n] / "shared" / "data" / "bigcodebench_pdb200.jsonl"
                                for n in (2, 3)) if p.exists()), None)
 needs_bcb = pytest.mark.skipif(SHARED_BCB is None, reason="shared/data/bigcodebench_pdb200.jsonl absent "

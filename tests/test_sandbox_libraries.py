@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -195,8 +196,8 @@ def test_bigcodebench_libraries_import_in_the_sandbox():
     import ast
     import json
 
-    rows = [json.loads(line) for line in open("/work/shared/data/bigcodebench_pdb200.jsonl")] \
-        if os.path.exists("/work/shared/data/bigcodebench_pdb200.jsonl") else []
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "bigcodebench_pdb200.jsonl"  # ../shared/data
+    rows = [json.loads(line) for line in data.open()] if data.exists() else []
     libs = {lib for row in rows for lib in ast.literal_eval(row["libs"])} - set(sys.stdlib_module_names)
     libs = sorted(libs) or ["sklearn"]
     program = "import importlib\nFAILED = []\n" + "".join(
