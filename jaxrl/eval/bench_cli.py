@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jaxrl.eval import benchmarks
-from jaxrl.eval.cli import UsageError, _cache_path, engine_kind, open_engine, settings_of
+from jaxrl.eval.cli import UsageError, _cache_path, engine_kind, open_engine_or_exit, settings_of
 from jaxrl.eval.evaluate import RUN, EvalError
 from jaxrl.eval.ood import SAMPLING, evaluate_benchmark, score_predictions_file
 from jaxrl.eval.protocol import EvalSettings
@@ -93,19 +93,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
     except (UsageError, SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = kind != "jax"
-    args.batch_size = args.batch_size or (1 if server else 16)
-    args.concurrency = (args.concurrency or 16) if server else 1
+    opened = open_engine_or_exit(kind, args)
+    if isinstance(opened, int):
+        return opened
+    engine, tokenizer, model = opened
     try:
-        engine, tokenizer, model = open_engine(kind, args)
-    except (UsageError, OSError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # servers that do not answer
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    try:
-        with engine, Fleet(workers=args.workers, isolation=args.isolation,
+        with engine, Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env,
                            cache_path=_cache_path(args.out)) as fleet:
             summary = evaluate_benchmark(engine, tokenizer, args.benchmark, tasks, settings, fleet, model=model,
                                          data=args.data, out_dir=args.out, batch_size=args.batch_size,
@@ -129,7 +122,8 @@ def grade_predictions(args: argparse.Namespace, tasks: list[benchmarks.BenchTask
         by_id = {t.task_id: t for t in tasks}
         predictions = load_predictions_for(args.predictions, by_id, skip_unknown=args.limit is not None)
         model = {"name": args.name or Path(args.predictions).stem, "predictions": args.predictions}
-    with Fleet(workers=args.workers, isolation=args.isolation, cache_path=_cache_path(args.out)) as fleet:
+    with Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env,
+               cache_path=_cache_path(args.out)) as fleet:
         summary = score_predictions_file(args.benchmark, tasks, predictions, fleet, model=model, data=args.data,
                                          out_dir=args.out, progress=not args.no_progress)
     return _done(args.out, summary)

@@ -211,6 +211,22 @@ def open_engine(kind: str, args: argparse.Namespace) -> tuple[Any, Any, dict[str
     return sources.open_source(kind, args)
 
 
+def open_engine_or_exit(kind: str, args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]] | int:
+    """`open_engine` with the engine kind's batch and concurrency defaults; on failure the error line is
+    printed and the exit code comes back instead (2 for bad arguments, 1 for a server that does not answer)."""
+    server = kind != "jax"
+    args.batch_size = args.batch_size or (1 if server else 16)
+    args.concurrency = (args.concurrency or 16) if server else 1
+    try:
+        return open_engine(kind, args)
+    except (UsageError, OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # servers that do not answer
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 def read_summary(run: str) -> dict[str, Any]:
     """The summary.json of an eval run directory, or UsageError naming it."""
     path = Path(run) / "summary.json"
@@ -347,17 +363,10 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, SchemaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = kind != "jax"
-    args.batch_size = args.batch_size or (1 if server else 16)
-    args.concurrency = (args.concurrency or 16) if server else 1
-    try:
-        engine, tokenizer, model = open_engine(kind, args)
-    except (UsageError, OSError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # servers that do not answer
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    opened = open_engine_or_exit(kind, args)
+    if isinstance(opened, int):
+        return opened
+    engine, tokenizer, model = opened
     try:
         with engine, Fleet(workers=args.workers, isolation=args.isolation, libraries=args.sandbox_env,
                            cache_path=_cache_path(args.out)) as fleet:
