@@ -515,6 +515,9 @@ class RunConfig:
         seed: seeds the initialisation's RNG stream of sampling.
         progress: show a live progress display.
         tensorboard: write TensorBoard event files besides metrics.jsonl.
+        exit_grace_s: after SIGINT or SIGTERM, the seconds the run has to save its last completed
+            step and close before it exits regardless (a pod's preemption notice gives about 30 s
+            on some clouds: set it below that there).
     """
 
     steps: int = 200
@@ -528,8 +531,11 @@ class RunConfig:
     seed: int = 0
     progress: bool = True
     tensorboard: bool = True
+    exit_grace_s: float = 60.0
 
     def __post_init__(self):
+        if not self.exit_grace_s > 0:
+            raise ValueError("run.exit_grace_s must be > 0")
         if self.steps < 1 or self.micro_batches < 1 or self.keep_last < 1:
             raise ValueError("run.steps, run.micro_batches and run.keep_last must be >= 1")
         if self.eval_every < 0 or self.save_every < 0:

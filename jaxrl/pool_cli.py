@@ -42,14 +42,14 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"precisecoder pool: config error: {e}", file=sys.stderr)
         return 2
+    import contextlib
+
     from jaxrl import tasks as T
-    from jaxrl.pool import PoolError, build_pool, settings_of
     from jaxrl.errors import TrainError
-    from jaxrl.run import make_engine_for
+    from jaxrl.pool import PoolError, build_pool, settings_of
+    from jaxrl.run import open_engine, open_mesh, open_verifier
     from jaxrl.saved_run import build_model
-    from models import sharding as msh
     from models.tokenizer import load_tokenizer
-    from reward.fleet import Fleet
     from reward.sandbox import library_env
     from reward.schema import SchemaError
 
@@ -64,18 +64,13 @@ def main(args: argparse.Namespace) -> int:
         if not tasks:
             raise PoolError("the config has no training tasks (data.train)")
         tokenizer = load_tokenizer(cfg.model.family)
-        rules = msh.rules_from_mapping(cfg.mesh.rules)
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
-        model = build_model(cfg, mesh, rules)
-        engine = make_engine_for(cfg, model, tokenizer, mesh, rules)
         source = {"config": cfg.name, "checkpoint": cfg.model.checkpoint, "engine": cfg.rollout.engine}
-        with Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
-                   libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload)) as fleet:
-            try:
-                counts = build_pool(engine, tokenizer, tasks, settings, fleet, args.out, model=source,
-                                    batch_size=args.batch_size, progress=not args.no_progress)
-            finally:
-                engine.close()
+        with contextlib.ExitStack() as stack:  # the same set-up as a training run's (`jaxrl.run`)
+            mesh, rules = open_mesh(cfg)
+            engine = open_engine(stack, cfg, build_model(cfg, mesh, rules), tokenizer, mesh, rules)
+            fleet, _ = open_verifier(stack, cfg)
+            counts = build_pool(engine, tokenizer, tasks, settings, fleet, args.out, model=source,
+                                batch_size=args.batch_size, progress=not args.no_progress)
     except (PoolError, TrainError, T.DataError, SchemaError, ValueError) as e:
         print(f"precisecoder pool: {e}", file=sys.stderr)
         return 2

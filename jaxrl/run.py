@@ -39,6 +39,7 @@ from jaxrl.batching import pad_length
 from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
 from jaxrl.config import Config, to_yaml
 from jaxrl.errors import TrainError
+from jaxrl.loop import Checkpoints
 from jaxrl.losses import chunked_logprobs
 from jaxrl.rollout import Engine, make_engine
 from jaxrl.rollout.engine import engine_factory
@@ -68,8 +69,9 @@ class Run:
         graphdef, rest, step_fn, batch_shardings, state_shardings: the jitted update.
         ref_params, ref_fn: the frozen reference policy (KL), or None.
         engine, fleet, scorer: sampling and verification.
-        ckpt, best_ckpt, writer, progress: what the run records.
-        rng, start, best: the sampling RNG, the first step to run, the best metric so far.
+        checkpoints, writer, progress: what the run records.
+        pending: a step saved on an interruption before it was recorded (`jaxrl.loop.Loop.pending`).
+        rng, start: the sampling RNG, the first step to run.
     """
 
     cfg: Config
@@ -91,16 +93,15 @@ class Run:
     param_norm_fn: Callable[..., jax.Array]
     ref_params: Any
     ref_fn: Callable[..., jax.Array]
-    ckpt: Checkpointer
-    best_ckpt: Checkpointer | None
+    checkpoints: Checkpoints
     rng: jax.Array
     start: int
-    best: float | None
     engine: Engine | None = None
     fleet: Fleet | None = None
     scorer: R.RewardPipeline | None = None
     writer: M.MetricsWriter | None = None
     progress: Any = None
+    pending: dict[str, Any] | None = None
 
     def model_of(self, state: ts.TrainState) -> nnx.Module:
         """The policy with `state`'s parameters."""
@@ -131,11 +132,101 @@ def read_train_tasks(cfg: Config, tokenizer: Any) -> tuple[list[Task], list[Task
             T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))
 
 
+def write_run_files(out: Path, files: dict[str, str]) -> None:
+    """Create the run directory and write `files` (name -> text) in it, on the primary host only."""
+    if hosts.is_primary():
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+
+
+def open_mesh(cfg: Config) -> tuple[jax.sharding.Mesh, tuple]:
+    """The device mesh of `cfg.mesh` and its logical-axis rules."""
+    try:
+        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
+    except ValueError as e:
+        raise TrainError(f"mesh: {e}") from None
+    return mesh, msh.rules_from_mapping(cfg.mesh.rules)
+
+
+def open_state(cfg: Config, mesh: jax.sharding.Mesh, rules: tuple
+               ) -> tuple[ts.TrainState, nnx.GraphDef, nnx.State, optax.GradientTransformation, ts.TrainState]:
+    """The policy of `cfg.model` as a sharded train state: (state, graphdef, rest, optimizer, state shardings)."""
+    model = build_model(cfg, mesh, rules)
+    undivided = msh.undivided(nnx.split(model, nnx.Param, ...)[1], mesh, rules)
+    if undivided:
+        msg = "mesh axes that do not divide a parameter dimension (replicated instead):\n  " + "\n  ".join(undivided)
+        if cfg.mesh.strict:
+            raise TrainError(msg)
+        warn(msg)
+    tx = ts.make_optimizer(cfg.optimizer)
+    state, graphdef, rest = ts.init_train_state(model, tx, mesh, rules)
+    return state, graphdef, rest, tx, ts.state_shardings(jax.eval_shape(lambda s: s, state), mesh, rules)
+
+
+def open_checkpoints(stack: contextlib.ExitStack, cfg: Config, out: Path, state: ts.TrainState,
+                     state_shardings: ts.TrainState, resume: bool, extra: dict[str, Any] | None = None
+                     ) -> tuple[Checkpoints, ts.TrainState, dict[str, Any] | None]:
+    """The run's checkpoints (the last `run.keep_last`, and the best by `run.best_metric`) and, on resume,
+    the state restored from the latest with its saved extra (None when nothing was restored)."""
+    last = stack.enter_context(contextlib.closing(Checkpointer(out / "checkpoints", max_to_keep=cfg.run.keep_last)))
+    best = stack.enter_context(contextlib.closing(Checkpointer(out / "best", max_to_keep=1))) \
+        if cfg.run.best_metric else None
+    checkpoints = Checkpoints(last, jax.random.key(cfg.run.seed), best, cfg.run.best_metric, cfg.run.best_mode,
+                              extra=extra or {})
+    saved = None
+    if resume and last.latest_step() is not None:
+        target = abstract_with_shardings(jax.eval_shape(lambda s: s, state), state_shardings)
+        state, checkpoints.rng, saved = last.restore(target)
+        checkpoints.best_value = saved.get("best")
+        if hosts.is_primary():
+            print(f"resuming {out} from step {int(state.step)}", file=sys.stderr, flush=True)
+    return checkpoints, state, saved
+
+
+def open_verifier(stack: contextlib.ExitStack, cfg: Config, fleet: Fleet | None = None
+                  ) -> tuple[Fleet, R.RewardPipeline]:
+    """The sandbox fleet of `cfg.reward` (or the caller's `fleet`, left open) and the reward pipeline on it."""
+    if fleet is None:
+        fleet = stack.enter_context(contextlib.closing(Fleet(
+            workers=cfg.reward.workers, isolation=cfg.reward.isolation,
+            libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))))
+    scorer = stack.enter_context(contextlib.closing(R.RewardPipeline(
+        fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
+        cfg.reward.window_batch)))
+    return fleet, scorer
+
+
+def open_engine(stack: contextlib.ExitStack, cfg: Config, model: nnx.Module, tokenizer: Any,
+                mesh: jax.sharding.Mesh, rules: tuple, factory: Callable[..., Engine] | None = None) -> Engine:
+    """The configured rollout engine (or `factory`'s), closed with the stack."""
+    try:
+        engine = (factory or make_engine_for)(cfg, model, tokenizer, mesh, rules)
+    except (ValueError, TypeError) as e:
+        raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
+    stack.callback(engine.close)
+    return engine
+
+
+def open_recorder(stack: contextlib.ExitStack, cfg: Config, out: Path, start: int, total: int, desc: str
+                  ) -> tuple[M.MetricsWriter | None, Any]:
+    """metrics.jsonl (cut after `start` on resume) and the progress bar, on the primary host only."""
+    if not hosts.is_primary():
+        return None, None
+    writer = stack.enter_context(contextlib.closing(M.MetricsWriter(out, cfg.run.tensorboard, start or None)))
+    progress = None
+    if cfg.run.progress:
+        from tqdm import tqdm  # noqa: PLC0415
+        progress = stack.enter_context(contextlib.closing(
+            tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True)))
+    return writer, progress
+
+
 @contextlib.contextmanager
 def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
              engine_factory: Callable[..., Engine] | None = None, tokenizer: Any = None,
              fleet: Fleet | None = None) -> Iterator[tuple[Run, ts.TrainState]]:
-    """The run's resources and its train state (restored on resume); all closed on exit.
+    """The RL run's resources and its train state (restored on resume); all closed on exit.
 
     `fleet` is a sandbox fleet the caller owns and keeps open (shared with other runs,
     its verdict cache with them); by default the run starts its own from `cfg.reward`.
@@ -143,13 +234,9 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
     Call `jaxrl.preflight.check` first: this writes config.yaml at once.
     """
     out = Path(cfg.run.out).expanduser()
-    if hosts.is_primary():
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(to_yaml(cfg))
+    write_run_files(out, {"config.yaml": to_yaml(cfg)})
     with contextlib.ExitStack() as stack:
-        rules = msh.rules_from_mapping(cfg.mesh.rules)
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
-
+        mesh, rules = open_mesh(cfg)
         tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer
         train_tasks, val_tasks, gt_tasks = read_train_tasks(cfg, tokenizer)
         pi, pc = jax.process_index(), jax.process_count()
@@ -162,32 +249,16 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         else:
             seq, logp_from = agent_train.row_shape(cfg, train_tasks, tokenizer)
 
-        model = build_model(cfg, mesh, rules)
-        undivided = msh.undivided(nnx.split(model, nnx.Param, ...)[1], mesh, rules)
-        if undivided:
-            msg = "mesh axes that do not divide a parameter dimension (replicated instead):\n  " + \
-                "\n  ".join(undivided)
-            if cfg.mesh.strict:
-                raise TrainError(msg)
-            warn(msg)
-        tx = ts.make_optimizer(cfg.optimizer)
-        state, graphdef, rest = ts.init_train_state(model, tx, mesh, rules)
-        del model
+        state, graphdef, rest, tx, _ = open_state(cfg, mesh, rules)
         ref_params = jax.tree.map(jnp.copy, state.params) if cfg.loss.kl_coef > 0 else None
         step_fn, batch_shardings, state_shardings = _jit_update(cfg, graphdef, rest, tx, mesh, rules, state,
                                                                 seq, logp_from, ref_params is not None)
-
-        ckpt = stack.enter_context(contextlib.closing(Checkpointer(out / "checkpoints", max_to_keep=cfg.run.keep_last)))
-        best_ckpt = stack.enter_context(contextlib.closing(Checkpointer(out / "best", max_to_keep=1))) \
-            if cfg.run.best_metric else None
-        rng, best, start = jax.random.key(cfg.run.seed), None, 0
-        if resume:
-            target = abstract_with_shardings(jax.eval_shape(lambda s: s, state), state_shardings)
-            state, rng, extra = ckpt.restore(target)
-            stream.set_state(extra["host"]["data"])
-            best, start = extra.get("best"), int(state.step)
-            if hosts.is_primary():
-                print(f"resuming {out} from step {start}", file=sys.stderr, flush=True)
+        checkpoints, state, saved = open_checkpoints(stack, cfg, out, state, state_shardings, resume)
+        pending = None
+        if saved is not None:
+            stream.set_state(saved["host"]["data"])
+            pending = saved.get("pending")
+        start = int(state.step)
         if start >= cfg.run.steps:
             raise TrainError(f"the run is already at step {start} >= run.steps={cfg.run.steps}; "
                              "raise --steps to extend it")
@@ -195,26 +266,12 @@ def open_run(cfg: Config, algorithm: algorithms.Resolved, *, resume: bool,
         run = Run(cfg, out, algorithm, mesh, rules, tokenizer, stream, val_tasks, gt_tasks, prompt_len, graphdef,
                   rest, step_fn, batch_shardings, state_shardings,
                   jax.jit(algorithm.advantages), jax.jit(optax.tree.norm), ref_params,
-                  _reference_logprobs(cfg, graphdef, rest, logp_from, batch_shardings), ckpt, best_ckpt, rng, start,
-                  best)
-        try:
-            run.engine = (engine_factory or make_engine_for)(cfg, run.model_of(state), tokenizer, mesh, rules)
-        except (ValueError, TypeError) as e:
-            raise TrainError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
-        stack.callback(run.engine.close)
-        run.fleet = fleet if fleet is not None else stack.enter_context(contextlib.closing(
-            Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
-                  libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))))
-        run.scorer = stack.enter_context(contextlib.closing(R.RewardPipeline(
-            run.fleet, cfg.reward.lam, cfg.reward.epsilon, Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
-            cfg.reward.window_batch)))
-        if hosts.is_primary():
-            run.writer = stack.enter_context(contextlib.closing(
-                M.MetricsWriter(out, cfg.run.tensorboard, start if resume else None)))
-            if cfg.run.progress:
-                from tqdm import tqdm  # noqa: PLC0415
-                run.progress = stack.enter_context(contextlib.closing(
-                    tqdm(total=cfg.run.steps, initial=start, desc=cfg.name, unit="step", dynamic_ncols=True)))
+                  _reference_logprobs(cfg, graphdef, rest, logp_from, batch_shardings), checkpoints,
+                  checkpoints.rng, start)
+        run.engine = open_engine(stack, cfg, run.model_of(state), tokenizer, mesh, rules, engine_factory)
+        run.fleet, run.scorer = open_verifier(stack, cfg, fleet)
+        run.writer, run.progress = open_recorder(stack, cfg, out, start, cfg.run.steps, cfg.name)
+        run.pending = pending
         yield run, state
 
 

@@ -25,25 +25,29 @@ step and a resumed run continues exactly (the remainder N mod B of an epoch is s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import yaml
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl import hosts
 from jaxrl import metrics as M
 from jaxrl import tasks as T
 from jaxrl import train_step as ts
 from jaxrl.batching import pad_length
-from jaxrl.checkpoint import Checkpointer, abstract_with_shardings
 from jaxrl.config import Config, SupervisedConfig, to_yaml
+from jaxrl.loop import Loop, interruptible, run_loop
+from jaxrl.run import open_checkpoints, open_engine, open_mesh, open_recorder, open_state, open_verifier, \
+    write_run_files
 from jaxrl.losses import chunked_logprobs
 from jaxrl.sft_losses import dpo_loss, sequence_logprobs, sft_loss
 from models import sharding as msh
@@ -144,32 +148,25 @@ def _logprobs(model: nnx.Module, tokens_BxT: jax.Array, chunk: int) -> jax.Array
 
 def make_loss(objective: str, graphdef: nnx.GraphDef, rest: nnx.State, beta: float, chunk: int
               ) -> Callable[[nnx.State, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
-    """loss(params, batch) -> (loss, metrics) of the objective on one batch (DPO: chosen rows, then rejected)."""
+    """loss(params, rows) -> (loss, metrics) of the objective, additive over rows: each row carries the
+    whole batch's normalizer (`num_tokens` for SFT, `num_pairs` for DPO), so micro-batches add up to
+    the full batch. A DPO row is a pair: its chosen and rejected sequences run in one forward pass."""
 
-    def loss(params, batch):
-        logp_BxT = _logprobs(nnx.merge(graphdef, params, rest), batch["tokens"], chunk)
+    def loss(params, rows):
+        model = nnx.merge(graphdef, params, rest)
         if objective == "sft":
-            value = sft_loss(logp_BxT, batch["mask"])
-            return value, {"loss": value, "tokens": batch["mask"].sum()}
-        seq_B = sequence_logprobs(logp_BxT, batch["mask"])
+            logp_BxT = _logprobs(model, rows["tokens"], chunk)
+            value = sft_loss(logp_BxT, rows["mask"], rows["num_tokens"][0])
+            return value, {"loss": value, "tokens": rows["mask"].sum()}
+        tokens = jnp.concatenate([rows["chosen"], rows["rejected"]])
+        mask = jnp.concatenate([rows["chosen_mask"], rows["rejected_mask"]])
+        seq_B = sequence_logprobs(_logprobs(model, tokens, chunk), mask)
         half = seq_B.shape[0] // 2
-        value, metrics = dpo_loss(seq_B[:half], seq_B[half:], batch["ref_chosen"], batch["ref_rejected"], beta)
+        value, metrics = dpo_loss(seq_B[:half], seq_B[half:], rows["ref_chosen"], rows["ref_rejected"], beta,
+                                  rows["num_pairs"][0])
         return value, {"loss": value, **metrics}
 
     return loss
-
-
-def make_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
-    """step(state, batch) -> (state, metrics): one optimizer update on the loss's gradient."""
-
-    def step(state: ts.TrainState, batch):
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return ts.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-    return step
 
 
 def _row_sharding(mesh: jax.sharding.Mesh, rules: tuple, shape: tuple[int, ...]) -> NamedSharding:
@@ -180,11 +177,15 @@ def _row_sharding(mesh: jax.sharding.Mesh, rules: tuple, shape: tuple[int, ...])
 # ---------------------------------------------------------------------------- the run
 
 
-def _write_or_check(out: Path, cfg: Config, sup: SupervisedConfig, resume: bool) -> None:
-    saved = out / SUPERVISED
+def _run_record(cfg: Config, sup: SupervisedConfig) -> dict[str, Any]:
     base = yaml.safe_load(to_yaml(cfg))
     base.pop("supervised")  # compared as the objective, where a larger steps is allowed
-    record = {"objective": dataclasses.asdict(sup), "config": base}
+    return {"objective": dataclasses.asdict(sup), "config": base}
+
+
+def _check_rerun(out: Path, record: dict[str, Any], resume: bool) -> None:
+    """Refuse a resume with other settings, or a fresh run into a directory that holds one (nothing written)."""
+    saved = out / SUPERVISED
     if resume and saved.is_file():
         previous = yaml.safe_load(saved.read_text())
         changed = [k for k in sorted(set(previous["objective"]) | set(record["objective"]))
@@ -194,29 +195,32 @@ def _write_or_check(out: Path, cfg: Config, sup: SupervisedConfig, resume: bool)
                                   f"{', '.join(changed) or 'the base config'}")
     elif not resume and (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
         raise SupervisedError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
-    saved.write_text(yaml.safe_dump(record, sort_keys=True))
 
 
 def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False,
                      tokenizer: Any = None) -> list[dict[str, float]]:
     """Train (or resume) the policy of `cfg.model` on `sup`'s rows; returns this call's step metrics.
 
-    The run's config.yaml is `cfg` with `sup` as its `supervised` section. `tokenizer` replaces the Qwen tokenizer of `cfg.model.family`.
+    The run's config.yaml is `cfg` with `sup` as its `supervised` section. `tokenizer` replaces the
+    Qwen tokenizer of `cfg.model.family`. The rows are read and checked before anything is written;
+    the loop is `jaxrl.loop.run_loop` (SIGINT and SIGTERM save the last completed step).
     """
-    from jaxrl.saved_run import build_model
     from models.tokenizer import load_tokenizer
 
     if sup.rows is None:
         raise SupervisedError("no rows: give --rows (supervised.rows), the output of `precisecoder select`")
+    if sup.batch_size % cfg.run.micro_batches:
+        raise SupervisedError(f"batch_size {sup.batch_size} does not split into run.micro_batches="
+                              f"{cfg.run.micro_batches}")
     cfg = dataclasses.replace(cfg, supervised=sup)
     out = Path(cfg.run.out).expanduser()
-    _write_or_check(out, cfg, sup, resume)
+    record = _run_record(cfg, sup)
+    _check_rerun(out, record, resume)
     tokenizer = load_tokenizer(cfg.model.family) if tokenizer is None else tokenizer
 
-    # ---- rows
+    # ---- rows (and the validation tasks): read and checked before anything is written
     rows = read_rows(sup, tokenizer, cfg.data.prompt)
+    val_tasks = _validation_tasks(cfg)
     keys = ("chosen", "rejected") if sup.objective == "dpo" else ("response",)
     length = pad_length(max(len(r["prompt_ids"]) + len(r[f"{k}_ids"]) for r in rows for k in keys))
     encoded = {k: [encode(r["prompt_ids"], r[f"{k}_ids"], length, tokenizer.pad_id) for r in rows] for k in keys}
@@ -224,77 +228,66 @@ def train_supervised(cfg: Config, sup: SupervisedConfig, *, resume: bool = False
     masks = {k: np.stack([e[1] for e in v]) for k, v in encoded.items()}
     per_epoch = len(rows) // sup.batch_size
     total = sup.steps if sup.steps is not None else sup.epochs * per_epoch
+    write_run_files(out, {"config.yaml": to_yaml(cfg), SUPERVISED: yaml.safe_dump(record, sort_keys=True)})
 
-    # ---- mesh, model, train state
-    rules = msh.rules_from_mapping(cfg.mesh.rules)
-    try:
-        mesh = msh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, expert=cfg.mesh.expert)
-    except ValueError as e:
-        raise SupervisedError(f"mesh: {e}") from None
-    tx = ts.make_optimizer(cfg.optimizer)
-    state, graphdef, rest = ts.init_train_state(build_model(cfg, mesh, rules), tx, mesh, rules)
-    state_shardings = ts.state_shardings(jax.eval_shape(lambda s: s, state), mesh, rules)
-    chunk = min(cfg.loss.logp_chunk, length)
+    with interruptible(cfg.run.exit_grace_s), contextlib.ExitStack() as stack:
+        # ---- mesh, model, train state
+        mesh, rules = open_mesh(cfg)
+        state, graphdef, rest, tx, state_shardings = open_state(cfg, mesh, rules)
+        chunk = min(cfg.loss.logp_chunk, length)
 
-    # ---- reference log-probs (DPO), once, with the pairs
-    ref = None
-    if sup.objective == "dpo":
-        ref = _reference(out / PAIRS, rows, tokens, masks, state.params, graphdef, rest, mesh, rules, chunk, resume)
+        # ---- reference log-probs (DPO), once, with the pairs
+        ref = None
+        if sup.objective == "dpo":
+            ref = _reference(out / PAIRS, rows, tokens, masks, state.params, graphdef, rest, mesh, rules, chunk,
+                             resume)
 
-    # ---- the jitted, sharded step
-    def batch_at(step: int) -> dict[str, jax.Array]:
-        idx = batch_indices(len(rows), sup.batch_size, sup.seed, step)
-        if sup.objective == "sft":
-            host = {"tokens": tokens["response"][idx], "mask": masks["response"][idx]}
-        else:
-            host = {"tokens": np.concatenate([tokens["chosen"][idx], tokens["rejected"][idx]]),
-                    "mask": np.concatenate([masks["chosen"][idx], masks["rejected"][idx]]),
-                    "ref_chosen": ref[idx, 0], "ref_rejected": ref[idx, 1]}
-        return {k: jax.device_put(v, _row_sharding(mesh, rules, v.shape)) for k, v in host.items()}
+        # ---- the jitted, sharded, micro-batched step
+        def rows_at(step: int) -> dict[str, jax.Array]:
+            idx = batch_indices(len(rows), sup.batch_size, sup.seed, step)
+            if sup.objective == "sft":
+                mask = masks["response"][idx]
+                host = {"tokens": tokens["response"][idx], "mask": mask,
+                        "num_tokens": np.full(len(idx), max(mask.sum(), 1.0), np.float32)}
+            else:
+                host = {"chosen": tokens["chosen"][idx], "rejected": tokens["rejected"][idx],
+                        "chosen_mask": masks["chosen"][idx], "rejected_mask": masks["rejected"][idx],
+                        "ref_chosen": ref[idx, 0], "ref_rejected": ref[idx, 1],
+                        "num_pairs": np.full(len(idx), len(idx), np.float32)}
+            return {k: jax.device_put(v, _row_sharding(mesh, rules, v.shape)) for k, v in host.items()}
 
-    example = batch_at(0)
-    batch_shardings = {k: v.sharding for k, v in example.items()}
-    loss_fn = make_loss(sup.objective, graphdef, rest, sup.beta, chunk)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    step_fn = jax.jit(make_step(loss_fn, tx), in_shardings=(state_shardings, batch_shardings),
-                      out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+        loss_fn = make_loss(sup.objective, graphdef, rest, sup.beta, chunk)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        step_fn = jax.jit(ts.make_update(loss_fn, tx, cfg.run.micro_batches),
+                          in_shardings=(state_shardings, {k: v.sharding for k, v in rows_at(0).items()}),
+                          out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
-    # ---- checkpoints (resume)
-    ckpt = Checkpointer(out / "checkpoints", max_to_keep=cfg.run.keep_last)
-    rng = jax.random.key(cfg.run.seed)
-    start = 0
-    if resume and ckpt.latest_step() is not None:
-        state, rng, _ = ckpt.restore(abstract_with_shardings(jax.eval_shape(lambda s: s, state), state_shardings))
+        # ---- checkpoints (resume), metrics, validation
+        checkpoints, state, saved = open_checkpoints(stack, cfg, out, state, state_shardings, resume,
+                                                     {"objective": sup.objective})
         start = int(state.step)
-    if start >= total:
-        ckpt.close()
-        raise SupervisedError(f"the run is already at step {start} >= {total}; raise steps to extend it")
-    writer = M.MetricsWriter(out, cfg.run.tensorboard, start if resume else None)
-    val_tasks = _validation_tasks(cfg)
-    checker = None
+        if start >= total:
+            raise SupervisedError(f"the run is already at step {start} >= {total}; raise steps to extend it")
+        writer, progress = open_recorder(stack, cfg, out, start, total, f"{cfg.name} ({sup.objective})")
+        validate = None
+        if val_tasks:
+            validate = _validator(stack, cfg, tokenizer, mesh, rules, graphdef, rest, val_tasks)
 
-    # ---- loop
-    history = []
-    try:
-        for step in range(start, total):
+        def one_step(state: ts.TrainState, step: int, timer: M.StageTimer) -> tuple[ts.TrainState, dict]:
             with msh.use_mesh(mesh, rules):
-                state, metrics = step_fn(state, batch_at(step))
-            record = {f"{sup.objective}/{k}": float(v) for k, v in jax.device_get(metrics).items()}
-            record["epoch"] = step // per_epoch
-            record["learning_rate"] = float(ts.make_schedule(cfg.optimizer)(step))
-            done = step + 1
-            if val_tasks and ((cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == total):
-                checker = checker or _Validator(cfg, tokenizer, mesh, rules)
-                record |= checker(nnx.merge(graphdef, state.params, rest), val_tasks, cfg.run.seed + done, done)
-            if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == total:
-                ckpt.save(state, rng, {"objective": sup.objective})
-            writer.write(done, record)
-            history.append(record)
-    finally:
-        ckpt.close()
-        writer.close()
-        if checker is not None:
-            checker.close()
+                state, metrics = step_fn(state, rows_at(step))
+            metrics = {f"{sup.objective}/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+            metrics["epoch"] = step // per_epoch
+            metrics["learning_rate"] = float(ts.make_schedule(cfg.optimizer)(step))
+            return state, metrics
+
+        history: list[dict[str, float]] = []
+        loop = Loop(total, start, cfg.run.eval_every, cfg.run.save_every, validate=validate,
+                    checkpoints=checkpoints, writer=writer, progress=progress,
+                    progress_keys=(f"{sup.objective}/loss",),
+                    on_record=lambda done, metrics, validated: history.append(metrics),
+                    pending=(saved or {}).get("pending"))
+        run_loop(loop, state, one_step)
     return history
 
 
@@ -310,37 +303,25 @@ def _validation_tasks(cfg: Config) -> list:
             + T.read_tasks(paths["gt_debug"], "gt_debug", cfg.validation.gt_debug_tasks))
 
 
-class _Validator:
-    """The configured engine, the fleet and the reward pipeline, made at the first validation."""
+def _validator(stack: contextlib.ExitStack, cfg: Config, tokenizer: Any, mesh, rules, graphdef: nnx.GraphDef,
+               rest: nnx.State, tasks: list) -> Callable[[ts.TrainState, int], dict[str, float]]:
+    """validate(state, done): `jaxrl.validate` with the configured engine (made at the first call, weights
+    pushed at the next ones) and a fleet of the run's own."""
+    from jaxrl.validate import validate
 
-    def __init__(self, cfg: Config, tokenizer: Any, mesh, rules):
-        from jaxrl import rewards as R
-        from reward.fleet import Fleet
-        from reward.sandbox import Limits
+    _, scorer = open_verifier(stack, cfg)
+    engine = None
 
-        self.cfg, self.tokenizer, self.mesh, self.rules = cfg, tokenizer, mesh, rules
-        self.fleet = Fleet(workers=cfg.reward.workers, isolation=cfg.reward.isolation,
-                           libraries=library_env(cfg.reward.sandbox_env, cfg.reward.preload))
-        self.scorer = R.RewardPipeline(self.fleet, cfg.reward.lam, cfg.reward.epsilon,
-                                       Limits(timeout_s=cfg.reward.timeout_s), cfg.reward.threads,
-                                       cfg.reward.window_batch)
-        self.engine = None
-
-    def __call__(self, model: nnx.Module, tasks: list, seed: int, step: int) -> dict[str, float]:
-        from jaxrl.run import make_engine_for
-        from jaxrl.validate import validate
-
-        if self.engine is None:
-            self.engine = make_engine_for(self.cfg, model, self.tokenizer, self.mesh, self.rules)
+    def run(state: ts.TrainState, done: int) -> dict[str, float]:
+        nonlocal engine
+        model = nnx.merge(graphdef, state.params, rest)
+        if engine is None:
+            engine = open_engine(stack, cfg, model, tokenizer, mesh, rules)
         else:
-            self.engine.update_weights(model, step=step)
-        return validate(self.engine, self.tokenizer, self.scorer, tasks, self.cfg, seed)
+            engine.update_weights(model, step=done)
+        return validate(engine, tokenizer, scorer, tasks, cfg, cfg.run.seed + done)
 
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        self.scorer.close()
-        self.fleet.close()
+    return run
 
 
 def _reference(path: Path, rows, tokens, masks, params, graphdef, rest, mesh, rules, chunk: int,
@@ -367,6 +348,7 @@ def _reference(path: Path, rows, tokens, masks, params, graphdef, rest, mesh, ru
                 tok, mask = np.pad(tok, ((0, pad), (0, 0))), np.pad(mask, ((0, pad), (0, 0)))
                 out[i:i + width - pad, j] = np.asarray(seq_logp(params, tok, mask))[:width - pad]
     keep = ("task_id", "chosen_sample", "rejected_sample", "chosen", "rejected")
-    write_jsonl(path, ({**{k: r[k] for k in keep if k in r}, "ref_chosen_logp": float(out[i, 0]),
-                        "ref_rejected_logp": float(out[i, 1])} for i, r in enumerate(rows)))
+    if hosts.is_primary():
+        write_jsonl(path, ({**{k: r[k] for k in keep if k in r}, "ref_chosen_logp": float(out[i, 0]),
+                            "ref_rejected_logp": float(out[i, 1])} for i, r in enumerate(rows)))
     return out

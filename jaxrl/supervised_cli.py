@@ -56,8 +56,11 @@ def main(args: argparse.Namespace) -> int:
     except (SupervisedError, TrainError) as e:
         print(f"precisecoder supervised: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"precisecoder supervised: interrupted; continue with --resume --out {cfg.run.out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from jaxrl.loop import interrupted_message
+
+        line, code = interrupted_message("supervised", e, cfg.run.out)
+        print(line, file=sys.stderr)
+        return code
     print(json.dumps(history[-1], sort_keys=True))
     return 0

@@ -95,9 +95,12 @@ def main(args: argparse.Namespace) -> int:
     except (TrainError, DataError, SchemaError) as e:
         print(f"precisecoder train: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"precisecoder train: interrupted; continue with --resume --out {cfg.run.out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from jaxrl.loop import interrupted_message
+
+        line, code = interrupted_message("train", e, cfg.run.out)
+        print(line, file=sys.stderr)
+        return code
     if hosts.is_primary():
         shown = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                  for k, v in last.items() if not k.startswith("share/")}

@@ -199,6 +199,54 @@ def _split_micro(x: jax.Array, m: int) -> jax.Array:
     return x.reshape(b // m, m, *x.shape[1:]).swapaxes(0, 1)
 
 
+def accumulated_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]], params: Any,
+                          batch: Any, micro_batches: int) -> tuple[Any, dict[str, jax.Array]]:
+    """Gradients and metrics of `loss_fn(params, batch)` accumulated over `micro_batches` strided row slices.
+
+    `loss_fn` must be additive over rows (its caller normalizes by the whole batch), so the sum over
+    micro-batches is the full batch's loss; metrics are summed too, except those named `*_max` (maxima).
+    Every leaf of `batch` has rows on axis 0; gradients accumulate in float32.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        (_, metrics), grads = grad_fn(params, batch)
+        return grads, metrics
+    micro = jax.tree.map(lambda x: _split_micro(x, micro_batches), batch)
+
+    def accumulate(grads, mb):
+        mb = jax.tree.map(lambda x: msh.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), mb)
+        (_, metrics), g = grad_fn(params, mb)
+        return jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), metrics
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    return grads, {k: v.max(0) if k.endswith("_max") else v.sum(0) for k, v in metrics.items()}
+
+
+def apply_gradients(state: TrainState, grads: Any, tx: optax.GradientTransformation) -> TrainState:
+    """The optimizer's update of `state` on `grads`, one step on."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+
+
+def make_update(loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
+                tx: optax.GradientTransformation, micro_batches: int = 1
+                ) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
+    """update(state, rows) -> (state, metrics): one optimizer step on `loss_fn`'s gradient accumulated over
+    `micro_batches` (`accumulated_gradients`), with the gradient's global norm among the metrics.
+
+    The supervised objectives (SFT, DPO) and the demo's SFT train with it; the RL update is
+    `train_step`, the same steps around the policy loss.
+    """
+
+    def update(state: TrainState, rows: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        grads, metrics = accumulated_gradients(loss_fn, state.params, rows, micro_batches)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return apply_gradients(state, grads, tx), metrics
+
+    return update
+
+
 def train_step(
     state: TrainState,
     batch: Batch,

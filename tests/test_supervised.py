@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
@@ -184,3 +185,72 @@ def test_command_usage_errors_exit_2(tmp_path, capsys, extra, message):
     argv = ["supervised", "--config", str(config), *[a.format(missing=tmp_path / "none.jsonl") for a in extra]]
     assert main(argv) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _tiny_update_inputs(objective):
+    from jaxrl import train_step as ts
+    from jaxrl.supervised import make_loss
+    from models.qwen3 import Qwen3, Qwen3Config
+
+    model = Qwen3(Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=8, rope_theta=1e4),
+                  rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, (4, 12)).astype(np.int32)
+    mask = np.zeros((4, 12), np.float32)
+    mask[:, 5:] = 1.0
+    mask[1, 9:] = 0.0  # rows of different lengths: the normalizer is the whole batch's
+    if objective == "sft":
+        rows = {"tokens": tokens, "mask": mask, "num_tokens": np.full(4, mask.sum(), np.float32)}
+    else:
+        rows = {"chosen": tokens, "rejected": tokens[::-1].copy(), "chosen_mask": mask, "rejected_mask": mask[::-1],
+                "ref_chosen": np.full(4, -30.0, np.float32), "ref_rejected": np.full(4, -29.0, np.float32),
+                "num_pairs": np.full(4, 4.0, np.float32)}
+    tx = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-2, warmup_steps=1))
+    state = ts.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return make_loss(objective, graphdef, rest, 0.1, 12), tx, state, rows
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_run_micro_batches_split_the_supervised_update_without_changing_it(objective):
+    """`run.micro_batches` applies to SFT and DPO (the update the trainer jits: `train_step.make_update`
+    around `supervised.make_loss`): two micro-batches give the full batch's loss, metrics and parameters."""
+    from jaxrl import train_step as ts
+
+    loss_fn, tx, state, rows = _tiny_update_inputs(objective)
+    results = [jax.jit(ts.make_update(loss_fn, tx, m))(state, rows) for m in (1, 2, 4)]
+    (full_state, full), others = results[0], results[1:]
+    for new_state, metrics in others:
+        for key in full:
+            np.testing.assert_allclose(metrics[key], full[key], rtol=2e-5, atol=1e-6, err_msg=key)
+        for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(full_state.params)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)  # Adam amplifies ~0 gradients
+
+
+def test_a_batch_that_micro_batches_do_not_split_is_refused_before_anything_is_written(rows, tmp_path):
+    cfg = config(tmp_path / "run")
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, micro_batches=3))
+    with pytest.raises(SupervisedError, match="batch_size 2 does not split into run.micro_batches=3"):
+        train_supervised(cfg, SupervisedConfig("sft", str(rows / "sft.jsonl"), tasks=str(EXAMPLES), batch_size=2))
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_rows_leave_no_run_directory(tmp_path):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "nope", "text": "x"}) + "\n")
+    with pytest.raises(SupervisedError):
+        train_supervised(config(tmp_path / "run"), SupervisedConfig("sft", str(tmp_path / "bad.jsonl"),
+                                                                    tasks=str(EXAMPLES), batch_size=1))
+    assert not (tmp_path / "run").exists()
+
+
+def test_only_the_primary_host_writes_the_run_files(rows, tmp_path, monkeypatch):
+    """On a pod every host runs the trainer; config.yaml, supervised.yaml, metrics.jsonl and pairs.jsonl
+    are the primary host's (Orbax coordinates the checkpoint itself)."""
+    from jaxrl import hosts
+
+    monkeypatch.setattr(hosts, "is_primary", lambda: False)
+    sup = SupervisedConfig("dpo", str(rows / "dpo.jsonl"), tasks=str(EXAMPLES), steps=1, batch_size=2)
+    train_supervised(config(tmp_path / "run"), sup)
+    written = {p.name for p in (tmp_path / "run").iterdir()}
+    assert "checkpoints" in written and not written & {"config.yaml", "supervised.yaml", "metrics.jsonl", "pairs.jsonl"}

@@ -20,7 +20,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -29,7 +28,8 @@ from jaxrl import losses
 from jaxrl.demo import domain, prompt
 from jaxrl.demo import thinking as demo_thinking
 from jaxrl.demo.tokenizer import DemoTokenizer
-from jaxrl.train_step import OptimizerConfig, make_optimizer
+from jaxrl.loop import Loop, run_loop
+from jaxrl.train_step import OptimizerConfig, TrainState, make_optimizer, make_update
 from models import sharding as msh
 
 
@@ -158,6 +158,9 @@ def train_sft_best(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarr
 def _train(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg: SFTConfig, seed: int,
            on_step: Callable[[int, float], None] | None, devices: Sequence[jax.Device] | None,
            val: tuple[np.ndarray, np.ndarray] | None) -> tuple[list[float], dict[str, Any]]:
+    """The trainers' loop (`jaxrl.loop.run_loop`) and update (`train_step.make_update`) on the demo's
+    pairs, with the policy kept in memory: no checkpoints, and the candidates' validation losses as its
+    validation."""
     tx = make_optimizer(OptimizerConfig(
         learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, schedule="cosine",
         total_steps=cfg.steps, min_lr_ratio=0.1, weight_decay=0.0))
@@ -165,37 +168,44 @@ def _train(model: nnx.Module, tokens_NxT: np.ndarray, mask_NxT: np.ndarray, cfg:
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params, rest = jax.device_put((params, rest), replicated)
-    opt_state = jax.device_put(tx.init(params), replicated)
+    state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                       opt_state=jax.device_put(tx.init(params), replicated))
 
-    @jax.jit
-    def step(params, opt_state, tokens, mask):
-        loss, grads = jax.value_and_grad(lambda p: nll(nnx.merge(graphdef, p, rest), tokens, mask))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    def loss(p, rows):
+        value = nll(nnx.merge(graphdef, p, rest), rows["tokens"], rows["mask"])
+        return value, {"loss": value}
 
+    update = jax.jit(make_update(loss, tx))
     val_loss = jax.jit(lambda p, tokens, mask: nll(nnx.merge(graphdef, p, rest), tokens, mask))
     candidates = set(candidate_steps(cfg)) if val is not None else set()
     val_batch = jax.device_put(val, replicated) if val is not None else None
     val_losses: dict[int, float] = {}
-    best = None
+    best: list = []  # (step, parameters) of the candidate of lowest validation loss
     rng = np.random.default_rng(seed)
     n, order, pos, history = len(tokens_NxT), np.arange(0), 0, []
-    for i in range(cfg.steps):
+
+    def one_step(state: TrainState, i: int, timer: Any) -> tuple[TrainState, dict[str, float]]:
+        nonlocal order, pos
         if pos + cfg.batch_size > len(order):
             order, pos = rng.permutation(n), 0
         idx = order[pos:pos + cfg.batch_size]
         pos += cfg.batch_size
-        batch = jax.device_put((tokens_NxT[idx], mask_NxT[idx]), split)
-        params, opt_state, loss = step(params, opt_state, *batch)
-        history.append(float(loss))
+        tokens, mask = jax.device_put((tokens_NxT[idx], mask_NxT[idx]), split)
+        state, metrics = update(state, {"tokens": tokens, "mask": mask})
+        history.append(float(metrics["loss"]))
         if on_step is not None:
             on_step(i, history[-1])
-        if i + 1 in candidates:
-            val_losses[i + 1] = float(val_loss(params, *val_batch))
-            if best is None or val_losses[i + 1] < val_losses[best[0]]:
-                best = (i + 1, jax.tree.map(jnp.copy, params))
-    if best is not None:
-        params = best[1]
-    nnx.update(model, params)
-    selection = {} if best is None else {"step": best[0], "val_loss": val_losses[best[0]], "val_losses": val_losses}
+        return state, {"loss": history[-1]}
+
+    def select(state: TrainState, done: int) -> dict[str, float]:
+        if done not in candidates:
+            return {}
+        val_losses[done] = float(val_loss(state.params, *val_batch))
+        if not best or val_losses[done] < val_losses[best[0]]:
+            best[:] = [done, jax.tree.map(jnp.copy, state.params)]
+        return {"val_loss": val_losses[done]}
+
+    state, _ = run_loop(Loop(cfg.steps, eval_every=1, validate=select if candidates else None), state, one_step)
+    nnx.update(model, best[1] if best else state.params)
+    selection = {} if not best else {"step": best[0], "val_loss": val_losses[best[0]], "val_losses": val_losses}
     return history, selection
