@@ -155,8 +155,8 @@ def score_repo_prediction(task: RepoTask, prediction: RepoPrediction, verify: Ve
         if None in passed:
             return unverifiable()
         search.record(passed)
-    score = score_of(task, True, int(unit), repo.analysis, verdicts, [search.essential.get(k) for k in range(len(comps))],
-                     run.runs, lam, capped=search.capped)
+    essentials = [search.essential.get(k) for k in range(len(comps))]
+    score = score_of(task, True, int(unit), repo.analysis, verdicts, essentials, run.runs, lam, capped=search.capped)
     return dataclasses.replace(score, edited_files=repo.edited_files)
 
 

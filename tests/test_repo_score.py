@@ -10,14 +10,22 @@ credits, fixes, runs) is derived by hand in the comments, and the scores from th
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib.machinery
+import io
+import json
+import sys
+import tarfile
 import types
 
 import pytest
 
+from reward import check_cli, score_cli
 from reward.repo_extract import (PatchError, RepoPrediction, apply_patch, files_to_patch, prediction_files,
                                  repo_prediction_from_json, repo_prediction_to_json)
-from reward.repo_score import analyze_repo, score_repo_prediction
-from reward.repo_task import repo_task_from_json
+from reward.repo_score import analyze_repo, score_repo_prediction, tree_reader
+from reward.repo_task import repo_task_from_json, repo_task_to_json
 from reward.score import aggregate, format_summary
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef scale(xs, k):\n    out = []\n    for x in xs:\n" \
@@ -49,7 +57,7 @@ def task(buggy: dict[str, str], solution: dict[str, str] | None = None, **extra)
 
 
 TWO_FAULTS = task({"pkg/calc.py": BUGGY_CALC, "pkg/text.py": BUGGY_TEXT})  # m = 2, one per file
-ONE_FAULT = task({"pkg/calc.py": BUGGY_CALC})  # m = 1
+ONE_FAULT = task({"pkg/calc.py": BUGGY_CALC}, task_id="pkg/t#2")  # m = 1
 CLEAN = task({"pkg/calc.py": CALC}, task_id="pkg/clean")  # m = 0
 
 
@@ -236,7 +244,8 @@ def test_first_present_form_wins():
             repo_prediction_from_json(bad)
 
 
-HUNK_ELSEWHERE = "--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a * b\n+    return a + b\n"
+HUNK_ELSEWHERE = ("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a * b\n"
+                  "+    return a + b\n")
 
 
 @pytest.mark.parametrize("prediction, reason", [
@@ -323,3 +332,102 @@ def test_docs_repository_example():
     s = score(TWO_FAULTS, {"pkg/calc.py": calc, "pkg/text.py": TEXT})
     assert (s.edited_lines, s.faults, s.faults_fixed, s.edited_files, s.runs, s.blocks) == (3, 2, 2, 2, 3, 2)
     assert (s.precision, s.recall, s.f1, s.reward) == pytest.approx((2 / 3, 1, 4 / 5, 14 / 15))
+
+
+# `precisecoder score` and `check` on repository task files ------------------------
+
+
+def fake_runner(monkeypatch, verify: Verifier) -> list:
+    """A stand-in `reward.repo_run` whose `run_repo_task` answers with `verify`; returns its calls."""
+    module = types.ModuleType("reward.repo_run")
+    module.__spec__ = importlib.machinery.ModuleSpec("reward.repo_run", None)
+    calls = []
+
+    def run_repo_task(task, files, task_dir, **limits):
+        calls.append((task.task_id, limits))
+        ok = verify(files)
+        status = {True: "pass", False: "fail", None: "error"}[ok]
+        return types.SimpleNamespace(status=status, outcomes={}, detail=None if ok else "1 failed", seconds=0.01)
+
+    module.run_repo_task = run_repo_task
+    monkeypatch.setitem(sys.modules, "reward.repo_run", module)
+    return calls
+
+
+def task_file(tmp_path, tasks) -> str:
+    tree = tmp_path / "tree"
+    for path, text in CLEAN_TREE.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    records = [{**repo_task_to_json(t), "repo": {**repo_task_to_json(t)["repo"], "archive": "tree"}} for t in tasks]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def cli_args(module, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args([*argv, "--no-progress"])
+
+
+def test_score_command_dispatches_repository_tasks(tmp_path, monkeypatch, capsys):
+    calls = fake_runner(monkeypatch, Verifier())
+    tasks = task_file(tmp_path, [TWO_FAULTS, ONE_FAULT])
+    preds = tmp_path / "preds.jsonl"
+    ops_edit = {"pkg/calc.py": CALC, "pkg/ops.py": OPS.replace("a - b", "a - b  # checked")}
+    preds.write_text("".join(json.dumps(p) + "\n" for p in [
+        {"task_id": TWO_FAULTS.task_id, "patch": files_to_patch(TWO_FAULTS.buggy_files, TWO_FAULTS.solution_files)},
+        {"task_id": ONE_FAULT.task_id, "files": ops_edit},
+        {"task_id": ONE_FAULT.task_id, "response": "```python tests/test_pkg.py\nassert True\n```"}]))
+    out = tmp_path / "scores.jsonl"
+    args = cli_args(score_cli, "--tasks", tasks, "--predictions", str(preds), "--out", str(out), "--timeout", "30")
+    assert score_cli.main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["unit"], r["precision"], r["edited_files"], r["valid"]) for r in rows] == \
+        [(1, 1.0, 2, True), (1, 0.5, 2, True), (0, 0.0, None, False)]
+    # The ops.py comment is read from the tree's copy of ops.py (C outside buggy_files): one extra edit.
+    assert rows[1]["edited_lines"] == 2 and "test file" in rows[2]["reason"]
+    assert {limits["timeout_s"] for _, limits in calls} == {30.0}
+    table = capsys.readouterr().out
+    assert "files" in table and "2.00" in table  # two buggy tasks, each with valid predictions editing 2 files
+
+
+def test_check_command_verifies_repository_tasks(tmp_path, monkeypatch, capsys):
+    calls = fake_runner(monkeypatch, Verifier())
+    tasks = task_file(tmp_path, [TWO_FAULTS, CLEAN])
+    out = tmp_path / "check.jsonl"
+    assert check_cli.main(cli_args(check_cli, "--tasks", tasks, "--out", str(out))) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task_id"], r["target"], r["passed"], r["mode"]) for r in rows] == [
+        (TWO_FAULTS.task_id, "solution", True, "pytest"), (TWO_FAULTS.task_id, "buggy", False, "pytest"),
+        (CLEAN.task_id, "solution", True, "pytest")]
+    assert {limits["timeout_s"] for _, limits in calls} == {60.0}  # the repository default
+    assert "tasks: 2/2 verified" in capsys.readouterr().err
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"task_id": TWO_FAULTS.task_id, "files": {"pkg/calc.py": CALC}}) + "\n"
+                     + json.dumps({"task_id": CLEAN.task_id, "patch": "nothing"}) + "\n")
+    assert check_cli.main(cli_args(check_cli, "--tasks", tasks, "--predictions", str(preds), "--out", str(out))) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["passed"], r["status"], r["reason"]) for r in rows] == [
+        (False, "fail", "1 failed"), (False, "invalid", "patch: no file diff in it")]
+
+
+def test_repository_commands_need_the_runner(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "reward.repo_run", None)  # as on an installation without it
+    tasks = task_file(tmp_path, [ONE_FAULT])
+    assert check_cli.main(cli_args(check_cli, "--tasks", tasks)) == 2
+    assert "reward.repo_run" in capsys.readouterr().err
+
+
+def test_tree_reader_reads_a_source_archive(tmp_path):
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path, text in CLEAN_TREE.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"pkg-1.0/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    read = tree_reader(dataclasses.replace(ONE_FAULT, repo=dataclasses.replace(ONE_FAULT.repo,
+                                                                                archive="pkg-1.0.tar.gz")), tmp_path)
+    assert read("pkg/ops.py") == OPS and read("pkg/missing.py") is None
