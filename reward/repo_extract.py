@@ -10,7 +10,8 @@ does not parse or whose hunk does not apply; nothing to extract.
 
 Choices the spec leaves open:
 - A path block's info string is exactly two words, the language and the path; `python a.py extra`
-  is not a path block.
+  is not a path block. A relative path without `..` is normalized (`./pkg/a.py`, `pkg//a.py` name
+  `pkg/a.py`); two names of one path make the prediction invalid. `files: {}` is a valid no-op.
 - A patch applies as `git apply` does without fuzz: every hunk's context and removed lines must equal
   the file's lines exactly (whitespace included); a hunk may sit at another line than its header says
   (the nearest match to it is taken, never before the previous hunk's end), and its header's line
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -130,12 +132,23 @@ def prediction_files(pred: RepoPrediction, task: RepoTask, tree_text: TreeText,
 
 
 def checked_files(files: Mapping[str, str]) -> tuple[dict[str, str] | None, str | None]:
-    """The files with normalized line ends, or None and the first path a prediction may not write."""
+    """The files with normalized paths (`./a.py` as `a.py`) and line ends, or None and the first path a
+    prediction may not write (or one named twice)."""
+    out: dict[str, str] = {}
     for path in sorted(files):
-        problem = path_problem(path)
+        name = _normalized(path)
+        problem = path_problem(name) or (f"path {name!r} is given twice" if name in out else None)
         if problem:
             return None, problem
-    return {path: normalize_newlines(text) for path, text in files.items()}, None
+        out[name] = normalize_newlines(files[path])
+    return out, None
+
+
+def _normalized(path: str) -> str:
+    """`./` and doubled slashes dropped from a relative path without `..` (the others stay, to be refused)."""
+    if path.startswith("/") or ".." in path.split("/"):
+        return path
+    return posixpath.normpath(path)
 
 
 def _patched(task: RepoTask, patch: str, tree_text: TreeText) -> tuple[dict[str, str] | None, str | None]:

@@ -236,6 +236,8 @@ def test_first_present_form_wins():
                                       "response": "junk"})
     assert prediction_files(pred, ONE_FAULT, tree_text) == ({"pkg/calc.py": CALC}, None)
     assert repo_prediction_from_json(repo_prediction_to_json(pred)) == pred
+    dotted = RepoPrediction("pkg/t#1", response="```python ./pkg//calc.py\n" + CALC + "```")
+    assert prediction_files(dotted, ONE_FAULT, tree_text) == ({"pkg/calc.py": CALC.rstrip("\n")}, None)
     old = repo_prediction_from_json({"task_id": "pkg/t#1", "response": "r"})  # a single-file record loads
     assert (old.response, old.files, old.patch) == ("r", None, None)
     for bad, field in (({"task_id": "t"}, "needs"), ({"task_id": "t", "files": {"a.py": 1}}, "files"),
@@ -255,6 +257,7 @@ HUNK_ELSEWHERE = ("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def a
     ({"files": {"pkg/conftest.py": "x = 1"}}, "test file"),
     ({"files": {"pkg/calc_test.py": "x = 1"}}, "test file"),
     ({"files": {"README.md": "x"}}, "not a .py file"),
+    ({"files": {"pkg/calc.py": CALC, "./pkg/calc.py": CALC}}, "given twice"),
     ({"response": "```python pkg/calc.py\n" + CALC + "```\n```python /etc/x.py\nx\n```"}, "relative"),
     ({"patch": HUNK_ELSEWHERE}, "does not apply"),
     ({"patch": "--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,3 +1,3 @@\n def add(a, b):\n"}, "header says"),
