@@ -26,7 +26,9 @@ from reward.repo_extract import (PatchError, RepoPrediction, apply_patch, files_
                                  repo_prediction_from_json, repo_prediction_to_json)
 from reward.repo_score import analyze_repo, score_repo_prediction, tree_reader
 from reward.repo_task import repo_task_from_json, repo_task_to_json
-from reward.score import aggregate, format_summary
+from reward.sandbox import RunResult
+from reward.schema import AssertTests, Prediction, Task
+from reward.score import aggregate, format_summary, score_predictions
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef scale(xs, k):\n    out = []\n    for x in xs:\n" \
        "        out.append(x * k)\n    return out\n"
@@ -209,6 +211,42 @@ def test_positions_are_per_path_in_path_order():
     assert repo.paths == ("pkg/calc.py", "pkg/text.py")
     assert repo.bases["pkg/new.py"] == "" and repo.edited_files == 3
     assert len(repo.analysis.predicted) == 3 and repo.analysis.edited_lines == 3
+
+
+SCALE = "    out = []\n    for x in xs:\n        out.append(x * k)\n"
+ONE_FILE_PROGRAMS = [
+    CALC,  # the exact fix
+    CALC.replace("    return a + b", "    # add, do not subtract\n    return a + b"),  # a comment beside it
+    CALC.replace(SCALE, "    out = [x * k for x in xs]\n"),  # the fix and a harmless rewrite
+    CALC.replace("x * k", "x + k"),  # the fix and a breaking edit
+    BUGGY_CALC,  # a no-op
+    BUGGY_CALC.replace("a - b", "-(b - a)").replace("out = []", "out = list()"),  # a fix unlike the reference
+    "def add(a, b):\n    return sum((a, b))\n",  # scale deleted
+]
+
+
+@pytest.mark.parametrize("faults", [1, 2])
+@pytest.mark.parametrize("n", range(len(ONE_FILE_PROGRAMS)))
+def test_one_file_repository_task_scores_as_a_single_file_task(n, faults):
+    # The same buggy program as a single-file task and as a repository task with one buggy file: the
+    # scores, components and runs must agree (the repository scorer reuses the single-file pieces).
+    buggy = BUGGY_CALC if faults == 1 else BUGGY_CALC.replace("x * k", "x * k * 1")
+    program = ONE_FILE_PROGRAMS[n]
+    verify = Verifier()
+    single = Task("calc", "calc", "Fix it.", buggy, CALC, AssertTests("unused"))
+
+    def run_batch(jobs):
+        return [RunResult(bool(verify({"pkg/calc.py": job.program})), "pass", 0.0) for job in jobs]
+
+    want = score_predictions([(single, Prediction("calc", code=program))], run_batch, window_batch=1)[0]
+    got = score(task({"pkg/calc.py": buggy}, task_id="calc"), {"pkg/calc.py": program})
+    fields = ("valid", "unit", "precision", "recall", "f1", "reward", "edited_lines", "faults", "faults_fixed",
+              "noop", "damage", "blocks", "components", "window_search_capped")
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}
+    # A window that equals a verification program runs again in the single-file scorer (a window job has
+    # its own timeout, so it is another job); `verify` has no limits, so here it is one run.
+    assert got.runs <= want.runs
+    assert got.edited_files == int(bool(want.edited_lines)) and want.edited_files is None
 
 
 # Prediction forms ---------------------------------------------------------------
