@@ -12,7 +12,8 @@ reason, duration_s. `reason` says why a run did not pass (the exception,
 "timeout", "no closed code block", why the judge could not verify it, ...) and
 is null for a pass; the statuses are described in README.md and docs/reward.md.
 The summary counts the tasks per mode and the `unverifiable` runs, and a task
-with one is not verified.
+with one is not verified. A file of repository tasks (records with `repo`) is run
+by `reward/repo_cli.py` on the sandbox's pytest runner, mode `pytest`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import sys
 from collections import Counter
 
+from reward import repo_cli
 from reward.cli_args import (SANDBOX_ENV_HELP, first_tasks, megabytes, output_file_error, positive_int, sandbox_env,
                              seconds, user_path)
 from reward.extract import missing_program_reason
@@ -45,10 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
                              "response without </think> has no answer; a prediction's own think_opened wins")
     parser.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
-    parser.add_argument("--timeout", type=seconds, default=Limits().timeout_s,
-                        help="wall-clock seconds per run for tasks without timeout_s (default: 5)")
-    parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
-                        help="memory of a whole run in MiB for tasks without memory_mb (default: 1024)")
+    parser.add_argument("--timeout", type=seconds, default=None,
+                        help="wall-clock seconds per run for tasks without timeout_s (default: 5; "
+                             "repository tasks: 60)")
+    parser.add_argument("--memory-mb", type=megabytes, default=None,
+                        help="memory of a whole run in MiB for tasks without memory_mb (default: 1024; "
+                             "repository tasks: 2048)")
     parser.add_argument("--isolation", choices=("auto", "bwrap", "rlimits"), default="auto",
                         help="sandbox isolation (default: auto = bubblewrap, else rlimits with a warning)")
     parser.add_argument("--sandbox-env", type=sandbox_env, metavar="PATH", help=SANDBOX_ENV_HELP)
@@ -95,6 +99,10 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: --out {problem}", file=sys.stderr)
         return 2
+    if repo_cli.is_repo_task_file(args.tasks):
+        return repo_cli.check_main(args)
+    args.timeout = args.timeout or Limits().timeout_s
+    args.memory_mb = args.memory_mb or Limits().memory_mb
     try:
         tasks = load_tasks(args.tasks)
         predictions = load_predictions(args.predictions) if args.predictions else None

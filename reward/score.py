@@ -183,13 +183,27 @@ class Analysis:
 def analyze(buggy: str, solution: str, program: str, epsilon: int) -> Analysis:
     """Diff a program and the reference against C and build the components."""
     reference, predicted = diff(buggy, solution), diff(buggy, program)
+    return Analysis(tuple(reference), tuple(predicted), build_components(reference, predicted, epsilon))
+
+
+def build_components(reference: Sequence[Block], predicted: Sequence[Block], epsilon: int) -> tuple[Component, ...]:
+    """The components of one file's blocks with their caps, predicted edits and the rest of that file's
+    reference fix (`others`). A repository task calls it once per path, so a component never crosses files."""
     built = []
     for refs, preds in components(reference, predicted):
         cap = sum(reference[i].size for i in refs) + epsilon * len(refs)
         edits = edits_of(predicted[j] for j in preds)
         others = edits_of(b for i, b in enumerate(reference) if i not in refs)
         built.append(Component(refs, preds, cap, tuple(edits), tuple(others)))
-    return Analysis(tuple(reference), tuple(predicted), tuple(built))
+    return tuple(built)
+
+
+def faults_of(task: Any) -> int:
+    """m, the reference blocks of a task: of `buggy_code` → `solution`, or summed over the paths of a
+    repository task's `buggy_files` → `solution_files` (`reward.repo_task.RepoTask`)."""
+    if isinstance(task, Task):
+        return len(diff(task.buggy_code, task.solution))
+    return sum(len(diff(text, task.solution_files[path])) for path, text in task.buggy_files.items())
 
 
 # Score math -----------------------------------------------------------------
@@ -248,6 +262,7 @@ class Score:
     window_search_capped: bool = False
     status: str = "scored"
     reason: str | None = None
+    edited_files: int | None = None
 
     @property
     def vector(self) -> tuple[float, float]:
@@ -268,7 +283,7 @@ def score_of(task: Task, valid: bool, unit: int, analysis: Analysis | None, verd
         essentials: per component, |ess_K| for a verified one, else None.
         capped: whether the window search ran out of `max_window_runs` (reported as is).
     """
-    faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
+    faults = faults_of(task) if analysis is None else len(analysis.reference)
     ell = analysis.edited_lines if analysis is not None else None
     results = tuple(
         ComponentResult(k.refs, k.preds, ok, ess, k.cap, credit(ok, ess or 0, k.cap))
@@ -324,7 +339,7 @@ def unverifiable_reason(result: RunResult) -> str:
 def unverifiable_score(task: Task, valid: bool, analysis: Analysis | None, runs: int, reason: str) -> Score:
     """A prediction some of whose runs the judge could not verify: no verdict, reward 0, left out of aggregates."""
     ell = analysis.edited_lines if analysis is not None else None
-    faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
+    faults = faults_of(task) if analysis is None else len(analysis.reference)
     return Score(task.task_id, valid, 0, None, None, None, ell, faults, 0, valid and ell == 0, None, 0.0,
                  blocks=len(analysis.predicted) if analysis else None, runs=runs, status=UNVERIFIABLE,
                  reason=reason)
@@ -337,7 +352,7 @@ def unit_only_score(task: Task, valid: bool, unit: int, analysis: Analysis | Non
     """What a prediction's unit run alone settles (`score_predictions(verify=False)`): unit, edited lines,
     no-op and damage; precision, recall and F1 are None and the reward NaN until the verification runs."""
     ell = analysis.edited_lines if analysis is not None else None
-    faults = len(diff(task.buggy_code, task.solution)) if analysis is None else len(analysis.reference)
+    faults = faults_of(task) if analysis is None else len(analysis.reference)
     return Score(task.task_id, valid, unit, None, None, None, ell, faults, 0, valid and ell == 0,
                  1 - unit if faults == 0 else None, math.nan,
                  blocks=len(analysis.predicted) if analysis else None, runs=runs, status=UNIT_ONLY)
@@ -614,7 +629,8 @@ def _mean(values: Iterable[float]) -> float | None:
 
 
 def aggregate(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAULT_LAMBDA) -> dict[str, Any]:
-    """The set's summary: buggy pass / precision / recall / f1 / lines, clean noop / damage.
+    """The set's summary: buggy pass / precision / recall / f1 / lines (and files, when some score reports
+    `edited_files`: repository tasks), clean noop / damage.
 
     Several predictions of a task are averaged per task first; a task without
     one counts as one invalid prediction. Unverifiable predictions are left
@@ -630,11 +646,17 @@ def aggregate(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAU
         return _mean(_mean(getattr(s, field) or 0.0 for s in by_task[t.task_id]) for t in group
                      if by_task[t.task_id])
 
-    is_buggy = {t.task_id: bool(diff(t.buggy_code, t.solution)) for t in tasks}
+    is_buggy = {t.task_id: faults_of(t) > 0 for t in tasks}
     buggy = [t for t in tasks if is_buggy[t.task_id]]
     clean = [t for t in tasks if not is_buggy[t.task_id]]
-    lines = [_mean(s.edited_lines for s in by_task[t.task_id] if s.valid) for t in buggy if by_task[t.task_id]]
-    return {
+
+    def valid_mean(field: str) -> float | None:
+        """The mean over buggy tasks of each task's mean `field` over its valid predictions that report it."""
+        per = [_mean(getattr(s, field) for s in by_task[t.task_id] if s.valid and getattr(s, field) is not None)
+               for t in buggy if by_task[t.task_id]]
+        return _mean(v for v in per if v is not None)
+
+    summary = {
         "tasks": len(tasks), "predictions": len(scores), "missing": len(missing),
         "invalid": sum(not s.valid for s in scores),
         "unverifiable": len(unverifiable),
@@ -643,22 +665,29 @@ def aggregate(tasks: Sequence[Task], scores: Sequence[Score], lam: float = DEFAU
         "reward": per_task(tasks, "reward"),
         "buggy": {"tasks": len(buggy), "pass": per_task(buggy, "unit"), "precision": per_task(buggy, "precision"),
                   "recall": per_task(buggy, "recall"), "f1": per_task(buggy, "f1"),
-                  "lines": _mean(v for v in lines if v is not None)},
+                  "lines": valid_mean("edited_lines")},
         "clean": {"tasks": len(clean), "noop": per_task(clean, "noop"), "damage": per_task(clean, "damage")},
     }
+    if any(s.edited_files is not None for s in scores):  # repository tasks: the mean number of files edited
+        summary["buggy"]["files"] = valid_mean("edited_files")
+    return summary
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The aggregate table: percentages with one decimal, lines with two."""
+    """The aggregate table: percentages with one decimal, lines (and files, for repository tasks) with two."""
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.1f}"
 
+    def two(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
     b, c = summary["buggy"], summary["clean"]
-    lines = "-" if b["lines"] is None else f"{b['lines']:.2f}"
+    files = (f" {'files':>6}", f" {two(b['files']):>6}") if "files" in b else ("", "")
     return "\n".join([
-        f"{'buggy tasks':>11} {'pass %':>7} {'precision %':>12} {'recall %':>9} {'f1 %':>6} {'lines':>6}",
-        f"{b['tasks']:>11} {pct(b['pass']):>7} {pct(b['precision']):>12} {pct(b['recall']):>9} {pct(b['f1']):>6} {lines:>6}",
+        f"{'buggy tasks':>11} {'pass %':>7} {'precision %':>12} {'recall %':>9} {'f1 %':>6} {'lines':>6}{files[0]}",
+        f"{b['tasks']:>11} {pct(b['pass']):>7} {pct(b['precision']):>12} {pct(b['recall']):>9} {pct(b['f1']):>6} "
+        f"{two(b['lines']):>6}{files[1]}",
         f"{'clean tasks':>11} {'noop %':>7} {'damage %':>12}",
         f"{c['tasks']:>11} {pct(c['noop']):>7} {pct(c['damage']):>12}",
         f"predictions {summary['predictions']}, invalid {summary['invalid']}, "

@@ -8,7 +8,8 @@ and predicted block indices, verified, essential, cap, credit), runs
 essential-subset search hit --max-window-runs), status (`scored`, or
 `unverifiable` when the judge could not verify a run: then reason says why,
 unit and reward are 0, and the row is left out of the aggregates and counted
-there). Then prints the aggregate table of
+there), and for repository tasks edited_files (the paths the prediction
+changes; `reward/repo_cli.py` scores those files). Then prints the aggregate table of
 the task set. A malformed record, or a prediction for a task not in --tasks,
 stops with an error naming the file and line; tasks without a prediction are
 listed and count as invalid predictions.
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 
+from reward import repo_cli
 from reward.cli_args import (SANDBOX_ENV_HELP, first_tasks, megabytes, non_negative_int, output_file_error,
                              positive_int, sandbox_env, seconds, user_path)
 from reward.fleet import Fleet
@@ -33,7 +35,8 @@ from reward.score import (DEFAULT_EPSILON, DEFAULT_LAMBDA, DEFAULT_MAX_WINDOW_RU
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=user_path, required=True, help="task JSONL file (schema in docs/reward.md)")
     parser.add_argument("--predictions", type=user_path, required=True,
-                        help="prediction JSONL file ({task_id, response | code, think_opened?}; see docs/reward.md)")
+                        help="prediction JSONL file ({task_id, response | code, think_opened?}, or for repository "
+                             "tasks {task_id, files | patch | response}; see docs/reward.md)")
     parser.add_argument("--out", type=user_path, required=True,
                         help="write one score object per prediction here (JSONL)")
     parser.add_argument("--lambda", dest="lam", metavar="LAMBDA", type=float, default=DEFAULT_LAMBDA,
@@ -47,10 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the prompts ended inside an open <think> block (Qwen3.5/3.6, thinking on): a "
                              "response without </think> has no answer; a prediction's own think_opened wins")
     parser.add_argument("--workers", type=positive_int, default=None, help="sandbox workers (default: CPU count)")
-    parser.add_argument("--timeout", type=seconds, default=Limits().timeout_s,
-                        help="wall-clock seconds per test run for tasks without timeout_s (default: 5)")
-    parser.add_argument("--memory-mb", type=megabytes, default=Limits().memory_mb,
-                        help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024)")
+    parser.add_argument("--timeout", type=seconds, default=None,
+                        help="wall-clock seconds per test run for tasks without timeout_s (default: 5; "
+                             "repository tasks: 60)")
+    parser.add_argument("--memory-mb", type=megabytes, default=None,
+                        help="memory of a whole test run in MiB for tasks without memory_mb (default: 1024; "
+                             "repository tasks: 2048)")
     parser.add_argument("--limit", type=positive_int, help="only the first N tasks of --tasks (a quick try)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over when --out holds an interrupted run (by default the same command resumes it)")
@@ -91,6 +96,10 @@ def main(args: argparse.Namespace) -> int:
         if problem:
             print(f"error: {flag} {problem}", file=sys.stderr)
             return 2
+    if repo_cli.is_repo_task_file(args.tasks):
+        return repo_cli.score_main(args)
+    args.timeout = args.timeout or Limits().timeout_s
+    args.memory_mb = args.memory_mb or Limits().memory_mb
     try:
         tasks = load_tasks(args.tasks)
         by_id = {t.task_id: t for t in tasks}
